@@ -1,0 +1,12 @@
+"""fedmcmc: Bayesian federated learning by federated stochastic-gradient MCMC."""
+
+from fedmcmc.base import ClientData, Compressor, FederatedSampler, Model, Participation
+from fedmcmc.data.federated import FederatedData, from_clients
+from fedmcmc.simulate import DivergenceError, SimulationResult, simulate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClientData", "Compressor", "FederatedSampler", "Model", "Participation",
+    "FederatedData", "from_clients", "simulate", "SimulationResult", "DivergenceError",
+]

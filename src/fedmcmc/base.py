@@ -1,0 +1,151 @@
+"""The contract between algorithms and runtimes.
+
+Every federated sampler is a :class:`FederatedSampler`: four pure functions that the
+vectorised simulator (:func:`fedmcmc.simulate`) and the Flower runtime both call.
+Keys are always the first argument; states and infos are NamedTuples.
+
+Round ``k`` of a run, for one chain::
+
+    mask             = participation.sample(participation_key, num_clients)
+    for every client i (vectorised):   # the client sees only its own data
+        client_state_i, upload_i, cinfo_i = client_step(key_i, client_state_i, broadcast, data_i, k)
+    server_state, broadcast, sinfo = server_step(server_key, server_state, uploads, mask, k)
+    sample_k         = server_state.position
+
+Inactive clients (``mask[i] == False``) keep their state and their upload is ignored.
+The round number ``k`` is given by the runtime, the same for every chain: step-size
+schedules and periodic events (SVRG refreshes, synchronisations) branch on it with
+``lax.cond``, which stays a real branch when chains are vectorised.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from fedmcmc.types import Array
+
+
+class ClientData(NamedTuple):
+    """One client's data as the client sees it.
+
+    Attributes
+    ----------
+    x
+        Pytree of arrays with leading axis ``n_max`` (padded); only the first ``count``
+        rows are real data.
+    count
+        Number of real data points ``N_i`` (int scalar).
+    index
+        Client index ``i`` (int scalar); used for per-client settings such as the
+        number of quantisation levels or the participation probability.
+    """
+
+    x: Any
+    count: Array
+    index: Array
+
+
+class Model(NamedTuple):
+    """A Bayesian model: pi(theta | D) ∝ prior(theta) prod_ij p(x_ij | theta).
+
+    ``theta`` is a flat vector of dimension ``dim`` (models unflatten internally, so
+    that every message is a flat vector that compressors can encode).
+
+    Attributes
+    ----------
+    log_likelihood
+        ``log_likelihood(theta, datum) -> scalar``, the log-density of one data point.
+    log_prior
+        ``log_prior(theta) -> scalar``; counted once, on the server.
+    dim
+        Dimension ``d`` of ``theta``.
+    name
+        Short name used in outputs.
+    """
+
+    log_likelihood: Callable[[Array, Any], Array]
+    log_prior: Callable[[Array], Array]
+    dim: int
+    name: str = "model"
+
+
+class CompressionInfo(NamedTuple):
+    """What a compressor reports about one message.
+
+    Attributes
+    ----------
+    bits
+        Exact length in bits of the encoded message (int32), equal to what the wire
+        codec writes before padding to whole bytes.
+    """
+
+    bits: Array
+
+
+class Compressor(NamedTuple):
+    """An unbiased compression operator, Optax-shaped.
+
+    ``init(v_like, index) -> state`` builds the state of client ``index``;
+    ``apply(key, v, state) -> (v_hat, state, CompressionInfo)`` with E[v_hat] = v and
+    E||v_hat - v||^2 <= omega ||v||^2; ``omega(d)`` gives omega for vectors of dimension
+    ``d`` (a scalar, or an array over clients for per-client compressors).
+    """
+
+    init: Callable[..., Any]
+    apply: Callable[..., tuple]
+    omega: Callable[[int], Any]
+    name: str = "compressor"
+
+
+class Participation(NamedTuple):
+    """Which clients take part in a round, and how their uploads are weighted.
+
+    Attributes
+    ----------
+    sample
+        ``sample(key, num_clients) -> mask`` (bool, shape ``[num_clients]``).
+    weights
+        ``weights(mask) -> w`` (float, shape ``[num_clients]``): the factor applied to each
+        upload when the server sums them; zero for inactive clients.
+    pause_when_empty
+        If True, a round with no active client leaves the chain where it is (the server
+        waits); if False, the likelihood term of that round is zero.
+    name
+        Short name used in outputs.
+    """
+
+    sample: Callable[[Array, int], Array]
+    weights: Callable[[Array], Array]
+    pause_when_empty: bool = False
+    name: str = "participation"
+
+
+class FederatedSampler(NamedTuple):
+    """A federated MCMC algorithm as four pure functions (see the module docstring).
+
+    Attributes
+    ----------
+    init
+        ``init(key, theta0) -> (server_state, broadcast)``; ``server_state.position`` is
+        the current sample.
+    client_init
+        ``client_init(key, broadcast, client_data) -> client_state``: surrogates, memory
+        terms, control variates, built where the data lives.
+    client_step
+        ``client_step(key, client_state, broadcast, client_data, k) -> (client_state, upload, info)``;
+        ``info.bits`` is the exact size in bits of ``upload`` on the wire.
+    server_step
+        ``server_step(key, server_state, uploads, mask, k) -> (server_state, broadcast, info)``;
+        ``uploads`` carries a leading client axis.
+    participation
+        The participation scheme the server uses to draw ``mask``.
+    name
+        Short name used in outputs.
+    """
+
+    init: Callable[..., tuple]
+    client_init: Callable[..., Any]
+    client_step: Callable[..., tuple]
+    server_step: Callable[..., tuple]
+    participation: Participation
+    name: str = "sampler"

@@ -1,0 +1,193 @@
+"""Gradient estimators of a client's potential U_i(theta) = -sum_j log p(x_ij | theta).
+
+An *oracle* is a function ``oracle(key, theta, client_data) -> H_i(theta)``, computed by
+client ``i`` on its own data. The prior is never part of a client's potential: the
+server adds its gradient once.
+
+Minibatches are drawn without replacement, ``n_i = min(batch_size_i, N_i)`` of the client's
+``N_i`` points, by Floyd's algorithm: ``n_i`` uniforms rather than ``N_i`` sort keys, with
+fixed shapes so that clients and chains vectorise (profiled: about 5x cheaper on CPU than
+``lax.top_k`` over ``N_i`` keys for the toy problem).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedmcmc.base import ClientData, Model
+from fedmcmc.data.federated import FederatedData
+
+Oracle = Callable[[Any, Any, ClientData], Any]
+
+
+def weighted_potential_grad(model: Model, theta, x, weights):
+    """``grad_theta sum_j w_j (-log p(x_j | theta))`` in one backward pass."""
+
+    def potential(t):
+        ll = jax.vmap(model.log_likelihood, in_axes=(None, 0))(t, x)
+        return -jnp.sum(weights * ll)
+
+    return jax.grad(potential)(theta)
+
+
+def valid_weights(count, n_max: int):
+    """1 for the client's real rows, 0 for padding."""
+    return (jnp.arange(n_max) < count).astype(jnp.float32)
+
+
+def local_gradient(model: Model, theta, client_data: ClientData):
+    """The exact local gradient ``grad U_i(theta)``."""
+    n_max = jax.tree_util.tree_leaves(client_data.x)[0].shape[0]
+    return weighted_potential_grad(model, theta, client_data.x, valid_weights(client_data.count, n_max))
+
+
+def resolve_batch_sizes(batch_size, num_clients: int | None = None) -> np.ndarray | None:
+    """Validate a batch size given as None (full batch), an int, or one int per client."""
+    if batch_size is None:
+        return None
+    sizes = np.atleast_1d(np.asarray(batch_size))
+    if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or np.any(sizes < 1):
+        raise ValueError(f"batch_size must be a positive integer or one per client (got {batch_size!r})")
+    if num_clients is not None and sizes.size not in (1, num_clients):
+        raise ValueError(f"batch_size has {sizes.size} entries but there are {num_clients} clients")
+    return sizes.astype(np.int32)
+
+
+def subset_indices(key, count, n, k: int):
+    """A uniformly random ``n``-subset of ``{0, ..., count - 1}`` by Floyd's algorithm.
+
+    Returns ``k >= n`` indices whose first ``n`` are the subset (distinct; in no particular
+    order) and whose rest are 0. Draws ``k`` uniforms, not ``count``: step ``t`` draws
+    ``r`` uniform in ``{0, ..., j}`` with ``j = count - n + t`` and keeps ``r``, or ``j`` if
+    ``r`` was already chosen (Bentley and Floyd, CACM 1987). Every subset has probability
+    ``1 / binom(count, n)``.
+    """
+    u = jax.random.uniform(key, (k,))
+    chosen = jnp.full((k,), -1, jnp.int32)
+    count = jnp.asarray(count, jnp.int32)
+    n = jnp.asarray(n, jnp.int32)
+    for t in range(k):
+        j = count - n + t
+        r = jnp.minimum((u[t] * (j + 1).astype(jnp.float32)).astype(jnp.int32), j)
+        pick = jnp.where(jnp.any(chosen == r), j, r)
+        chosen = chosen.at[t].set(jnp.where(t < n, pick, 0))
+    return chosen
+
+
+def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray):
+    """Draw client ``i``'s minibatch of ``n_i = min(batch_size_i, N_i)`` points without replacement.
+
+    Returns the gathered rows (``[k, ...]`` with ``k = max(batch_sizes)``) and their weights
+    ``N_i / n_i`` (zero on the rows beyond ``n_i``), so that ``sum_j w_j grad U_ij`` is
+    unbiased for ``grad U_i``.
+    """
+    x, count = client_data.x, client_data.count
+    n_max = jax.tree_util.tree_leaves(x)[0].shape[0]
+    k = int(min(int(batch_sizes.max()), n_max))
+    size = jnp.asarray(batch_sizes)[client_data.index] if batch_sizes.size > 1 else jnp.asarray(batch_sizes[0])
+    n = jnp.minimum(size, count)
+    idx = subset_indices(key, count, n, k)
+    w = jnp.where(jnp.arange(k) < n, count.astype(jnp.float32) / n.astype(jnp.float32), 0.0)
+    xb = jax.tree_util.tree_map(lambda a: a[idx], x)
+    return xb, w
+
+
+def minibatch_gradient(model: Model, batch_size=None) -> Oracle:
+    """``H_i(theta) = (N_i / n_i) sum_{j in S_i} grad U_ij(theta)`` (QLSD#); the exact local
+    gradient when ``batch_size`` is None."""
+    sizes = resolve_batch_sizes(batch_size)
+
+    def oracle(key, theta, client_data):
+        if sizes is None:
+            return local_gradient(model, theta, client_data)
+        xb, w = minibatch(key, client_data, sizes)
+        return weighted_potential_grad(model, theta, xb, w)
+
+    return oracle
+
+
+def control_variate_gradient(model: Model, theta_star, batch_size=None) -> Oracle:
+    """``H*_i(theta) = (N_i / n_i) sum_{j in S_i} [grad U_ij(theta) - grad U_ij(theta*)]`` (QLSD*).
+
+    Its mean is ``grad U_i(theta) - grad U_i(theta*)``; the server adds the constant
+    ``sum_i grad U_i(theta*)`` once (see :func:`find_mode`).
+    """
+    sizes = resolve_batch_sizes(batch_size)
+    theta_star = jnp.asarray(theta_star, jnp.float32)
+
+    def oracle(key, theta, client_data):
+        if sizes is None:
+            n_max = jax.tree_util.tree_leaves(client_data.x)[0].shape[0]
+            xb, w = client_data.x, valid_weights(client_data.count, n_max)
+        else:
+            xb, w = minibatch(key, client_data, sizes)
+        return weighted_potential_grad(model, theta, xb, w) - weighted_potential_grad(model, theta_star, xb, w)
+
+    return oracle
+
+
+class ModeResult(NamedTuple):
+    """The mode theta* = argmin U of the posterior potential, and what finding it cost.
+
+    Attributes
+    ----------
+    theta
+        theta*.
+    client_grad_sum
+        ``sum_i grad U_i(theta*)`` (equal to ``-grad log prior(theta*)`` at an exact mode).
+    gradient_norm
+        ``||grad U(theta*)||``, prior included: how exact the mode is.
+    rounds
+        Federated rounds used: each is one full local gradient per client.
+    bits
+        Bits exchanged to find it: ``rounds * b * 32 d`` up plus as many down.
+    """
+
+    theta: Any
+    client_grad_sum: Any
+    gradient_norm: float
+    rounds: int
+    bits: int
+
+
+def total_client_gradient(model: Model, data: FederatedData, theta):
+    """``sum_i grad U_i(theta)`` over all clients."""
+    grads = jax.vmap(local_gradient, in_axes=(None, None, 0))(model, theta, data.clients())
+    return jnp.sum(grads, axis=0)
+
+
+def find_mode(model: Model, data: FederatedData, theta0=None, max_rounds: int = 500,
+              tol: float = 1e-4) -> ModeResult:
+    """Find theta* by federated full-gradient BFGS and report its communication cost.
+
+    Each objective evaluation is one round in which every client returns its full local
+    gradient (uncompressed, 32 bits per coordinate) and the server broadcasts theta.
+    """
+    from jax.scipy.optimize import minimize
+
+    theta0 = jnp.zeros(model.dim, jnp.float32) if theta0 is None else jnp.asarray(theta0, jnp.float32)
+    clients = data.clients()
+    # Normalise by the number of points so BFGS's tolerances are scale-free.
+    scale = 1.0 / max(data.total, 1)
+
+    def potential(theta):
+        def local(cd):
+            n_max = jax.tree_util.tree_leaves(cd.x)[0].shape[0]
+            ll = jax.vmap(model.log_likelihood, in_axes=(None, 0))(theta, cd.x)
+            return -jnp.sum(valid_weights(cd.count, n_max) * ll)
+
+        return scale * (jnp.sum(jax.vmap(local)(clients)) - model.log_prior(theta))
+
+    res = jax.jit(lambda t: minimize(potential, t, method="BFGS", tol=tol,
+                                     options={"maxiter": max_rounds}))(theta0)
+    theta = res.x
+    client_sum = total_client_gradient(model, data, theta)
+    prior_grad = jax.grad(model.log_prior)(theta)
+    grad_norm = float(jnp.linalg.norm(client_sum - prior_grad))
+    rounds = int(res.nfev) + 1  # each evaluation returns value and gradient; +1 for the sum at theta*
+    bits = 2 * rounds * data.num_clients * 32 * model.dim
+    return ModeResult(theta, client_sum, grad_norm, rounds, bits)

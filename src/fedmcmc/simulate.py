@@ -1,0 +1,333 @@
+"""The vectorised runtime: clients under ``vmap``, rounds in ``lax.scan``, chains under ``vmap``.
+
+Keys (the same in every runtime, so that runs are reproducible bit for bit)::
+
+    chain key   = fold_in(key(seed), chain)
+    init key    = fold_in(chain key, 0)        client i: fold_in(init key, i); server: fold_in(init key, b)
+    round key k = fold_in(chain key, k + 1)    client i: fold_in(round key, i); server: fold_in(round key, b)
+    participation key = fold_in(round key, b + 1)
+
+A run goes in chunks of a fixed number of rounds (compiled once). After each chunk the
+draws are appended to ``out_dir`` and the full state is checkpointed, so a run that was
+killed resumes from its last completed chunk (``resume=True``) and gives exactly the
+samples of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedmcmc.base import FederatedSampler
+from fedmcmc.data.federated import FederatedData
+
+_LO_BITS = 20  # bit counters are kept as (hi, lo) int32 pairs: exact up to 2**51
+
+
+class DivergenceError(RuntimeError):
+    """A chain reached NaN or inf."""
+
+    def __init__(self, iteration: int, chains: list[int]):
+        self.iteration = iteration
+        self.chains = chains
+        super().__init__(
+            f"the run diverged (NaN/inf in chain(s) {chains[:5]}) by iteration {iteration}: "
+            "lower the step size"
+        )
+
+
+class SimulationResult(NamedTuple):
+    """What a run returns (numpy arrays).
+
+    Attributes
+    ----------
+    samples
+        ``[chain, draw, d]``: the server's parameter after each kept round.
+    draw_iterations
+        ``[draw]``: the round count (1-based) at which each draw was taken.
+    bits_up, bits_down, active
+        ``[chain, draw]``: bits uploaded and downloaded, and client participations, summed
+        over the rounds since the previous draw.
+    statistics
+        ``[chain, iteration, ...]`` values of ``statistic(theta)`` at every round after burn-in
+        (unthinned), or None.
+    total_bits_up, total_bits_down
+        ``[chain]``: totals over the whole run, burn-in included.
+    num_iterations, burn_in, thinning
+        The run's settings.
+    wall_seconds
+        Time spent running rounds (compilation included), summed over resumed sessions.
+    """
+
+    samples: np.ndarray
+    draw_iterations: np.ndarray
+    bits_up: np.ndarray
+    bits_down: np.ndarray
+    active: np.ndarray
+    statistics: np.ndarray | None
+    total_bits_up: np.ndarray
+    total_bits_down: np.ndarray
+    num_iterations: int
+    burn_in: int
+    thinning: int
+    wall_seconds: float
+
+
+class _Carry(NamedTuple):
+    server_state: Any
+    broadcast: Any
+    client_states: Any
+
+
+class _Window(NamedTuple):
+    up_hi: Any
+    up_lo: Any
+    down_hi: Any
+    down_lo: Any
+    active: Any
+
+
+def _acc(hi, lo, x):
+    lo = lo + x
+    return hi + (lo >> _LO_BITS), lo & ((1 << _LO_BITS) - 1)
+
+
+def _total(hi, lo) -> np.ndarray:
+    return np.asarray(hi, np.int64) * (1 << _LO_BITS) + np.asarray(lo, np.int64)
+
+
+def _select(mask, new, old):
+    def pick(n, o):
+        m = mask.reshape(mask.shape + (1,) * (n.ndim - mask.ndim))
+        return jnp.where(m, n, o)
+
+    return jax.tree_util.tree_map(pick, new, old)
+
+
+def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None):
+    clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
+    b = data.num_clients
+    ids = jnp.arange(b, dtype=jnp.uint32)
+
+    def chain_init(chain_key, theta0):
+        init_key = jax.random.fold_in(chain_key, 0)
+        server_state, broadcast = sampler.init(jax.random.fold_in(init_key, b), theta0)
+        keys = jax.vmap(jax.random.fold_in, (None, 0))(init_key, ids)
+        client_states = jax.vmap(sampler.client_init, (0, None, 0))(keys, broadcast, clients)
+        return _Carry(server_state, broadcast, client_states)
+
+    def chain_round(chain_key, carry: _Carry, k):
+        round_key = jax.random.fold_in(chain_key, k + 1)
+        mask = sampler.participation.sample(jax.random.fold_in(round_key, b + 1), b)
+        keys = jax.vmap(jax.random.fold_in, (None, 0))(round_key, ids)
+        new_cs, uploads, cinfo = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
+            keys, carry.client_states, carry.broadcast, clients, k)
+        client_states = _select(mask, new_cs, carry.client_states)
+        server_state, broadcast, sinfo = sampler.server_step(
+            jax.random.fold_in(round_key, b), carry.server_state, uploads, mask, k)
+        n_active = jnp.sum(mask.astype(jnp.int32))
+        bits_up = jnp.sum(jnp.where(mask, cinfo.bits, 0).astype(jnp.int32))
+        bits_down = n_active * sinfo.broadcast_bits
+        return _Carry(server_state, broadcast, client_states), (bits_up, bits_down, n_active)
+
+    rounds = jax.vmap(chain_round, (0, 0, None))
+
+    def run_chunk(chain_keys, carry, k0, num_draws: int, thinning: int):
+        num_chains = chain_keys.shape[0]
+
+        def draw(carry, j):
+            def one(state, t):
+                carry, w = state
+                k = k0 + j * thinning + t
+                carry, (up, down, act) = rounds(chain_keys, carry, k)
+                up_hi, up_lo = _acc(w.up_hi, w.up_lo, up)
+                down_hi, down_lo = _acc(w.down_hi, w.down_lo, down)
+                stat = statistic_values(carry)
+                return (carry, _Window(up_hi, up_lo, down_hi, down_lo, w.active + act)), stat
+
+            zeros = jnp.zeros((num_chains,), jnp.int32)
+            (carry, w), stats = jax.lax.scan(one, (carry, _Window(zeros, zeros, zeros, zeros, zeros)),
+                                             jnp.arange(thinning))
+            return carry, (carry.server_state.position, w, stats)
+
+        carry, (positions, windows, stats) = jax.lax.scan(draw, carry, jnp.arange(num_draws))
+        return carry, positions, windows, stats
+
+    def statistic_values(carry):
+        if statistic is None:
+            return None
+        return jax.vmap(statistic)(carry.server_state.position)
+
+    init = jax.jit(jax.vmap(chain_init))
+    chunk = jax.jit(run_chunk, static_argnums=(3, 4))
+    return init, chunk
+
+
+def _fingerprint(**settings) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _save_npz(path: Path, **arrays):
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, num_iterations: int, *,
+             num_chains: int = 1, burn_in: int = 0, thinning: int = 1, statistic: Callable | None = None,
+             chunk_size: int | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
+             progress: bool = False, description: str | None = None) -> SimulationResult:
+    """Run ``num_chains`` independent chains of a federated sampler for ``num_iterations`` rounds.
+
+    Parameters
+    ----------
+    seed
+        Integer seed; every random number of the run derives from it (module docstring).
+    sampler, data
+        The algorithm and the clients' data.
+    theta0
+        Initial parameter, ``[d]`` (shared by all chains) or ``[num_chains, d]``.
+    num_iterations
+        Number of rounds; a multiple of ``thinning``.
+    burn_in
+        Rounds whose draws and statistics are dropped.
+    thinning
+        Keep the parameter every ``thinning`` rounds (statistics are kept every round).
+    statistic
+        Optional ``theta -> array``, recorded at every round after burn-in.
+    chunk_size
+        Rounds per compiled chunk (a multiple of ``thinning``); default about 10,000.
+    out_dir
+        Where draws and checkpoints are written as the run goes (``out_dir/chunks``).
+    resume
+        Continue a run killed after its last completed chunk in ``out_dir``.
+    progress
+        Show a progress bar with the rate in rounds per second.
+    """
+    for label, value in (("num_iterations", num_iterations), ("num_chains", num_chains), ("thinning", thinning)):
+        if int(value) != value or value < 1:
+            raise ValueError(f"{label} must be a positive integer (got {value!r})")
+    if int(burn_in) != burn_in or not 0 <= burn_in < num_iterations:
+        raise ValueError(f"burn_in must be an integer in [0, num_iterations) (got {burn_in!r})")
+    if num_iterations % thinning:
+        raise ValueError(f"num_iterations ({num_iterations}) must be a multiple of thinning ({thinning})")
+    if chunk_size is None:
+        chunk_size = max(thinning, (min(num_iterations, 10_000) // thinning) * thinning)
+    if chunk_size % thinning or chunk_size < 1:
+        raise ValueError(f"chunk_size ({chunk_size}) must be a positive multiple of thinning ({thinning})")
+    theta0 = jnp.asarray(theta0, jnp.float32)
+    if theta0.ndim == 1:
+        theta0 = jnp.broadcast_to(theta0, (num_chains,) + theta0.shape)
+    if theta0.ndim != 2 or theta0.shape[0] != num_chains:
+        raise ValueError(f"theta0 must have shape [d] or [num_chains, d] (got {tuple(theta0.shape)})")
+    if resume and out_dir is None:
+        raise ValueError("resume needs out_dir, the folder of the interrupted run")
+
+    init, chunk = _build(sampler, data, statistic)
+    chain_keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed),
+                                                         jnp.arange(num_chains, dtype=jnp.uint32))
+    carry = init(chain_keys, theta0)
+    leaves, treedef = jax.tree_util.tree_flatten(carry)
+    fingerprint = _fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,
+                               d=int(theta0.shape[1]), chains=num_chains, iterations=num_iterations,
+                               burn_in=burn_in, thinning=thinning, chunk=chunk_size,
+                               theta0=hashlib.sha256(np.asarray(theta0).tobytes()).hexdigest())
+
+    chunk_dir = None
+    done, wall = 0, 0.0
+    pieces: list[dict] = []
+    if out_dir is not None:
+        chunk_dir = Path(out_dir) / "chunks"
+        state_path = chunk_dir / "state.npz"
+        if resume and state_path.exists():
+            saved = np.load(state_path)
+            if str(saved["fingerprint"]) != fingerprint:
+                raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
+                                 "use another --out folder or drop --resume")
+            carry = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(saved[f"leaf{i}"]) for i in range(len(leaves))])
+            done, wall = int(saved["done"]), float(saved["wall"])
+            for i in range(int(saved["num_chunks"])):
+                with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
+                    pieces.append({name: z[name] for name in z.files})
+        elif chunk_dir.exists() and any(chunk_dir.iterdir()) and not resume:
+            for old in chunk_dir.iterdir():
+                old.unlink()
+        chunk_dir.mkdir(parents=True, exist_ok=True)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_iterations, initial=done, unit="it", desc=description or sampler.name,
+                   dynamic_ncols=True, postfix={"chains": num_chains})
+
+    try:
+        while done < num_iterations:
+            length = min(chunk_size, num_iterations - done)
+            start = time.perf_counter()
+            carry, positions, windows, stats = chunk(chain_keys, carry, jnp.int32(done),
+                                                     length // thinning, thinning)
+            positions = np.asarray(positions)
+            wall += time.perf_counter() - start
+            if not np.all(np.isfinite(positions)):
+                bad = ~np.all(np.isfinite(positions), axis=-1)  # [draws, chains]
+                first = int(np.argmax(bad.any(axis=1)))
+                raise DivergenceError(done + (first + 1) * thinning, np.flatnonzero(bad.any(axis=0)).tolist())
+            # Only what is kept goes to disk: draws and statistics after burn-in, bit counts always.
+            kept_draws = done + np.arange(1, length // thinning + 1) * thinning > burn_in
+            piece = {
+                "positions": np.swapaxes(positions[kept_draws], 0, 1),
+                "up": _total(windows.up_hi, windows.up_lo).T,
+                "down": _total(windows.down_hi, windows.down_lo).T,
+                "active": np.asarray(windows.active).T,
+            }
+            if statistic is not None:
+                s = np.asarray(stats)  # [draws, thinning, chains, ...]
+                s = s.reshape((length, num_chains) + s.shape[3:])
+                piece["stats"] = np.swapaxes(s[done + np.arange(1, length + 1) > burn_in], 0, 1)
+            pieces.append(piece)
+            done += length
+            if chunk_dir is not None:
+                _save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **piece)
+                _save_npz(chunk_dir / "state.npz", fingerprint=np.asarray(fingerprint), done=np.asarray(done),
+                          wall=np.asarray(wall), num_chunks=np.asarray(len(pieces)),
+                          **{f"leaf{i}": np.asarray(x) for i, x in enumerate(jax.tree_util.tree_leaves(carry))})
+            if bar is not None:
+                bar.update(length)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    return _assemble(pieces, num_iterations, burn_in, thinning, statistic is not None, wall)
+
+
+def _assemble(pieces, num_iterations, burn_in, thinning, has_stats, wall) -> SimulationResult:
+    def cat(name):
+        return np.concatenate([p[name] for p in pieces], axis=1)
+
+    draw_iterations = np.arange(1, num_iterations // thinning + 1) * thinning
+    keep = draw_iterations > burn_in
+    up, down = cat("up"), cat("down")
+    return SimulationResult(
+        samples=cat("positions"),
+        draw_iterations=draw_iterations[keep],
+        bits_up=up[:, keep],
+        bits_down=down[:, keep],
+        active=cat("active")[:, keep],
+        statistics=cat("stats") if has_stats else None,
+        total_bits_up=up.sum(axis=1),
+        total_bits_down=down.sum(axis=1),
+        num_iterations=num_iterations,
+        burn_in=burn_in,
+        thinning=thinning,
+        wall_seconds=wall,
+    )

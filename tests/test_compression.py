@@ -1,0 +1,488 @@
+"""Tests for fedmcmc.compression: quantiser statistics, exact bit accounting, wire codec.
+
+Statistical checks use fixed seeds and tolerances of 5 Monte-Carlo standard errors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedmcmc.compression import (
+    decode_dense,
+    decode_qsgd,
+    dequantize,
+    elias_omega_length,
+    encode_dense,
+    encode_qsgd,
+    identity,
+    qsgd_bits_bound,
+    qsgd_encoded_bits,
+    quantization,
+    quantize,
+    resolve_compressor,
+)
+from fedmcmc.compression.codec import (
+    BitReader,
+    BitWriter,
+    elias_omega_code,
+    elias_omega_decode,
+    elias_omega_encode,
+)
+from fedmcmc.compression.quantization import dequantize_np
+
+N_MC = 20_000
+Z = 5.0  # number of standard errors allowed in Monte-Carlo checks
+EPS32 = float(np.finfo(np.float32).eps)
+_bits_jit = jax.jit(qsgd_encoded_bits)
+_quantize_jit = jax.jit(quantize)
+
+
+def _test_vector(d: int = 50) -> np.ndarray:
+    """Fixed float32 vector with magnitudes spread over two decades and mixed signs."""
+    rng = np.random.default_rng(20220328)
+    mags = np.geomspace(0.02, 2.0, d)
+    signs = rng.choice([-1.0, 1.0], size=d)
+    return (rng.permutation(mags) * signs).astype(np.float32)
+
+
+def _mc_samples(compressor, v, n=N_MC, seed=0):
+    """n independent compressions of v (vmap over keys, jitted) as float64 numpy."""
+    state = compressor.init(jnp.asarray(v))
+    keys = jax.random.split(jax.random.key(seed), n)
+    apply = jax.jit(jax.vmap(compressor.apply, in_axes=(0, None, None)))
+    v_hat, _, info = apply(keys, jnp.asarray(v), state)
+    return np.asarray(v_hat, dtype=np.float64), np.asarray(info.bits)
+
+
+def _fractional_parts(v, s):
+    v64 = np.asarray(v, dtype=np.float64)
+    norm = np.linalg.norm(v64)
+    r = s * np.abs(v64) / norm
+    return norm, r - np.floor(r)
+
+
+def _reference_bits(levels) -> tuple[int, int]:
+    """(sparse, dense) unpadded message lengths computed directly from the format spec."""
+    levels = [int(x) for x in np.asarray(levels)]
+    om = lambda n: len(elias_omega_code(n))  # noqa: E731
+    sparse, prev = 1 + 32 + om(sum(x != 0 for x in levels) + 1), -1
+    for i, x in enumerate(levels):
+        if x:
+            sparse += om(i - prev) + 1 + om(abs(x))
+            prev = i
+    dense = 1 + 32 + sum(om(abs(x) + 1) + (x != 0) for x in levels)
+    return sparse, dense
+
+
+# --------------------------------------------------------------------------------------
+# Quantiser statistics
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("s", [1, 4, 16])
+def test_quantization_is_unbiased(s):
+    v = _test_vector()
+    norm, frac = _fractional_parts(v, s)
+    # Precondition: every coordinate's Bernoulli has >= 50 expected events of each kind,
+    # so that the sample variance is a reliable standard-error estimate.
+    assert np.min(N_MC * np.minimum(frac, 1 - frac)) >= 50
+
+    samples, _ = _mc_samples(quantization(s), v, seed=s)
+    mean = samples.mean(axis=0)
+    se = samples.std(axis=0, ddof=1) / math.sqrt(N_MC)
+    # float32 rounding of norm * l / s is a few ulps of ||v||; negligible next to se.
+    rounding = 4 * EPS32 * norm
+    assert np.all(np.abs(mean - v) <= Z * se + rounding), np.max(np.abs(mean - v) / se)
+
+    # Aggregate check with the exact per-coordinate variance (norm/s)^2 f (1 - f).
+    exact_se = (norm / s) * np.sqrt(frac * (1 - frac) / N_MC)
+    chi2 = float(np.sum(((mean - v) / exact_se) ** 2))
+    assert chi2 <= stats.chi2.ppf(1 - 1e-6, df=v.size)
+
+
+@pytest.mark.parametrize("s", [1, 4, 16])
+@pytest.mark.parametrize("kind", ["heterogeneous", "flat"])
+def test_quantization_variance_bound(s, kind):
+    v = _test_vector() if kind == "heterogeneous" else np.ones(50, np.float32)
+    d = v.size
+    compressor = quantization(s)
+    samples, _ = _mc_samples(compressor, v, seed=100 + s)
+    sq_err = np.sum((samples - v.astype(np.float64)) ** 2, axis=1)
+    mse = sq_err.mean()
+    se = sq_err.std(ddof=1) / math.sqrt(N_MC)
+    norm2 = float(np.sum(v.astype(np.float64) ** 2))
+
+    omega = compressor.omega(d)
+    assert omega == pytest.approx(min(d / s**2, math.sqrt(d) / s))
+    assert mse <= omega * norm2 + Z * se
+    # The exact second moment (||v|| / s)^2 sum_i f_i (1 - f_i) is matched.
+    norm, frac = _fractional_parts(v, s)
+    exact = (norm / s) ** 2 * np.sum(frac * (1 - frac))
+    assert abs(mse - exact) <= Z * se
+    if s == 1:
+        assert mse - Z * se > 0.1 * omega * norm2  # a genuinely noisy operator
+
+
+def test_quantization_levels_bounded_and_zero_preserved():
+    v = _test_vector().copy()
+    v[7] = 0.0
+    keys = jax.random.split(jax.random.key(3), 2000)
+    for s in (1, 3, 2**16):
+        norms, levels = jax.vmap(quantize, in_axes=(0, None, None))(keys, v, s)
+        levels = np.asarray(levels)
+        assert levels.dtype == np.int32
+        assert np.all(np.abs(levels) <= s)
+        assert np.all(levels[:, 7] == 0)
+        nz = levels != 0
+        assert np.all(np.sign(levels[nz]) == np.broadcast_to(np.sign(v), levels.shape)[nz])
+        np.testing.assert_allclose(np.asarray(norms), np.linalg.norm(v), rtol=1e-6)
+
+
+def test_quantize_norm_survives_tiny_and_huge_inputs():
+    for scale in (1e-30, 1e30):
+        v = scale * _test_vector()
+        norm, levels = quantize(jax.random.key(0), v, 16)
+        assert np.isfinite(norm) and norm > 0
+        np.testing.assert_allclose(float(norm), np.linalg.norm(v.astype(np.float64)), rtol=1e-5)
+        assert np.any(np.asarray(levels) != 0)
+
+
+def test_identity_is_exact_and_counts_32_bits_per_coordinate():
+    c = identity()
+    v = jnp.asarray(_test_vector())
+    state = c.init(v, 3)
+    assert state == ()
+    v_hat, state2, info = jax.jit(c.apply)(jax.random.key(0), v, state)
+    np.testing.assert_array_equal(np.asarray(v_hat), np.asarray(v))
+    assert state2 == ()
+    assert info.bits.dtype == jnp.int32 and int(info.bits) == 32 * v.size
+    assert c.omega(50) == 0.0 and c.name == "identity"
+    data = encode_dense(v)
+    assert 8 * len(data) == int(info.bits)
+    np.testing.assert_array_equal(decode_dense(data, v.size), np.asarray(v))
+    with pytest.raises(ValueError, match="dense message"):
+        decode_dense(data[:-1], v.size)
+
+
+def test_zero_vector_maps_to_zero_with_finite_bits():
+    c = quantization(16)
+    v = jnp.zeros(50, jnp.float32)
+    v_hat, _, info = jax.jit(c.apply)(jax.random.key(0), v, c.init(v))
+    assert np.all(np.asarray(v_hat) == 0) and np.all(np.isfinite(np.asarray(v_hat)))
+    assert int(info.bits) == 1 + 32 + 1  # sparse mode, omega(0 + 1) = "0"
+    norm, levels = quantize(jax.random.key(0), v, 16)
+    data, nbits = encode_qsgd(norm, levels, return_bits=True)
+    assert nbits == int(info.bits) and len(data) == 5
+    norm2, levels2 = decode_qsgd(data, 50)
+    assert norm2 == 0 and np.all(levels2 == 0)
+
+
+@pytest.mark.parametrize("spec", [[1, 7, 2**16], 7])
+def test_apply_under_scan_and_double_vmap_matches_wire_format(spec):
+    """apply inside lax.scan with vmap over chains and clients: the bits it reports are
+    the encoder's, and the server-side numpy decode reproduces v_hat bit for bit.
+
+    The (norm, levels) pair is taken from the same compiled program as apply: a float32
+    norm computed in a different program may differ in the last bit (reduction order).
+    """
+    num_chains, num_clients, d, steps = 2, 3, 20, 4
+    all_levels = spec if isinstance(spec, list) else [spec] * num_clients
+    c = quantization(spec)
+    v = jax.random.normal(jax.random.key(1), (num_chains, num_clients, d), jnp.float32)
+    states = jax.vmap(lambda i: c.init(v[0, 0], i))(jnp.arange(num_clients))
+    np.testing.assert_array_equal(np.asarray(states.levels), all_levels)
+    apply = jax.vmap(jax.vmap(c.apply, in_axes=(0, 0, 0)), in_axes=(0, 0, None))
+    quant = jax.vmap(jax.vmap(quantize, in_axes=(0, 0, 0)), in_axes=(0, 0, None))
+
+    def body(carry, key):
+        keys = jax.random.split(key, num_chains * num_clients).reshape(num_chains, num_clients)
+        v_hat, _, info = apply(keys, carry, states)
+        norm, levels = quant(keys, carry, states.levels)
+        return carry, (v_hat, info.bits, norm, levels)
+
+    _, (v_hats, bits, norms, levels) = jax.jit(
+        lambda k: jax.lax.scan(body, v, jax.random.split(k, steps))
+    )(jax.random.key(2))
+    assert v_hats.shape == (steps, num_chains, num_clients, d) and bits.dtype == jnp.int32
+    v_hats, bits, norms, levels = map(np.asarray, (v_hats, bits, norms, levels))
+    for t in range(steps):
+        for a in range(num_chains):
+            for i, s in enumerate(all_levels):
+                data, nbits = encode_qsgd(norms[t, a, i], levels[t, a, i], return_bits=True)
+                assert nbits == bits[t, a, i]
+                norm2, levels2 = decode_qsgd(data, d, s=s)
+                decoded = dequantize_np(norm2, levels2, s)
+                np.testing.assert_array_equal(
+                    decoded.view(np.uint32), v_hats[t, a, i].view(np.uint32)
+                )
+
+
+# --------------------------------------------------------------------------------------
+# Wire codec
+# --------------------------------------------------------------------------------------
+
+
+def _check_roundtrip(norm, levels, s=None):
+    levels = np.asarray(levels, dtype=np.int32)
+    data, nbits = encode_qsgd(norm, levels, return_bits=True)
+    norm2, levels2 = decode_qsgd(data, levels.size, s=s)
+    assert isinstance(norm2, np.float32) and levels2.dtype == np.int32
+    assert np.float32(norm).view(np.uint32) == norm2.view(np.uint32)
+    np.testing.assert_array_equal(levels2, levels)
+    counted = int(_bits_jit(jnp.asarray(levels)))
+    assert counted == nbits
+    assert 0 <= 8 * len(data) - nbits <= 7
+    sparse, dense = _reference_bits(levels)
+    assert nbits == min(sparse, dense)
+    mode = data[0] >> 7
+    assert mode == (1 if dense < sparse else 0)
+    return mode
+
+
+def test_codec_roundtrip_quantized_vectors():
+    rng = np.random.default_rng(7)
+    modes = set()
+    for d in (1, 2, 7, 50, 333, 1500):
+        for s in (1, 2, 16, 2**16):
+            for trial in range(3):
+                kind = trial % 3
+                if kind == 0:
+                    v = rng.standard_normal(d)
+                elif kind == 1:
+                    v = rng.standard_cauchy(d)  # heavy tails: sparse levels
+                else:
+                    v = rng.standard_normal(d) * (rng.random(d) < 0.1)
+                key = jax.random.key(int(rng.integers(2**31)))
+                norm, levels = _quantize_jit(key, v.astype(np.float32), s)
+                modes.add(_check_roundtrip(norm, levels, s=s))
+    assert modes == {0, 1}  # both sparse and dense messages were exercised
+
+
+def test_codec_roundtrip_random_levels_and_batched_bit_count():
+    rng = np.random.default_rng(11)
+    batch = []
+    for density in (0.0, 0.01, 0.3, 1.0):
+        for s in (1, 5, 2**16, 2**31 - 2):
+            levels = rng.integers(-s, s + 1, size=200) * (rng.random(200) < density)
+            batch.append(levels.astype(np.int32))
+            _check_roundtrip(float(rng.exponential()), levels)
+    batch = np.stack(batch)
+    counted = np.asarray(jax.jit(jax.vmap(qsgd_encoded_bits))(jnp.asarray(batch)))
+    np.testing.assert_array_equal(counted, [sum(_reference_bits(b)) - max(_reference_bits(b)) for b in batch])
+    np.testing.assert_array_equal(np.asarray(qsgd_encoded_bits(jnp.asarray(batch))), counted)
+
+
+@pytest.mark.parametrize(
+    "levels",
+    [
+        np.zeros(10),
+        np.array([0] * 9 + [3]),
+        np.array([-2] + [0] * 9),
+        np.array([1, -1, 2, -2, 3, -3, 4, -4]),
+        np.full(17, -(2**16)),
+        np.array([2**31 - 2, -(2**31 - 2), 0]),
+        np.array([5]),
+        np.array([0]),
+        np.array([], dtype=np.int32),
+    ],
+    ids=["zeros", "last", "first", "all-nonzero", "all-max", "int32-extreme", "d1", "d1-zero", "d0"],
+)
+def test_codec_edge_cases(levels):
+    _check_roundtrip(1.5, levels.astype(np.int32))
+
+
+def test_codec_preserves_special_norms():
+    for norm in (0.0, np.finfo(np.float32).tiny / 8, np.finfo(np.float32).max, np.inf):
+        _check_roundtrip(norm, np.array([0, 1, -1, 0], np.int32))
+
+
+def test_elias_omega_length_matches_encoder():
+    ns = list(range(1, 5001))
+    ns += [2**k + o for k in range(12, 31) for o in (-1, 0, 1)] + [2**31 - 1, 123456789]
+    lengths = np.asarray(elias_omega_length(jnp.asarray(ns, dtype=jnp.int32)))
+    expected = [len(elias_omega_code(n)) for n in ns]
+    np.testing.assert_array_equal(lengths, expected)
+    assert elias_omega_code(1) == "0" and elias_omega_code(2) == "100"
+    assert elias_omega_code(17) == "10100100010"
+
+    writer = BitWriter()
+    for n in ns:
+        elias_omega_encode(writer, n)
+    assert len(writer) == sum(expected)
+    reader = BitReader(writer.to_bytes())
+    assert [elias_omega_decode(reader) for _ in ns] == ns
+    assert reader.remaining < 8
+
+
+def test_qsgd_bits_bound_by_hand():
+    # s = 1 <= sqrt(100/2 - 10): (3 + 1.5 ln(202 / 11)) * 11 + 32 = 113.0211...
+    assert qsgd_bits_bound(1, 100) == pytest.approx(113.0211, abs=1e-3)
+    # s = sqrt(d): 2.8 * 100 + 32
+    assert qsgd_bits_bound(10, 100) == pytest.approx(312.0)
+    # s = 16 > sqrt(50/2 - sqrt 50): (0.5 (ln(1 + 306/50) + 1) + 2) * 50 + 32 = 206.0727...
+    assert qsgd_bits_bound(16, 50) == pytest.approx(206.0727, abs=1e-3)
+    # d < 4: the first branch is empty
+    assert math.isfinite(qsgd_bits_bound(1, 2))
+
+
+# --------------------------------------------------------------------------------------
+# Per-client levels, numpy twin, configuration
+# --------------------------------------------------------------------------------------
+
+
+def test_per_client_levels():
+    c = quantization([2, 16])
+    v = jnp.zeros(50)
+    assert int(c.init(v, 1).levels) == 16 and int(c.init(v, 0).levels) == 2
+    assert c.init(v, 1).levels.dtype == jnp.int32
+    traced = jax.jit(jax.vmap(lambda i: c.init(v, i).levels))(jnp.arange(2))
+    np.testing.assert_array_equal(np.asarray(traced), [2, 16])
+    omega = c.omega(50)
+    assert isinstance(omega, np.ndarray) and omega.shape == (2,)
+    np.testing.assert_allclose(omega, [min(50 / 4, math.sqrt(50) / 2), min(50 / 256, math.sqrt(50) / 16)])
+    assert isinstance(quantization(16).omega(50), float)
+    assert quantization(16).name == "qsgd-s16"
+    with pytest.raises(ValueError, match="out of range"):
+        c.init(v, 2)
+
+
+def test_dequantize_numpy_twin_is_bit_identical():
+    rng = np.random.default_rng(5)
+    n, d = 64, 257
+    norms = (rng.lognormal(0, 3, n) * rng.random(n)).astype(np.float32)
+    ss = rng.choice([1, 3, 7, 16, 255, 2**16, 2**24], size=n).astype(np.int32)
+    levels = np.stack([rng.integers(-s, s + 1, size=d) for s in ss]).astype(np.int32)
+    jnp_out = np.asarray(jax.jit(jax.vmap(dequantize))(norms, levels, ss))
+    eager = np.asarray(dequantize(norms[0], levels[0], int(ss[0])))
+    for i in range(n):
+        ref = dequantize_np(norms[i], levels[i], int(ss[i]))
+        assert ref.dtype == np.float32
+        np.testing.assert_array_equal(ref.view(np.uint32), jnp_out[i].view(np.uint32))
+    np.testing.assert_array_equal(eager.view(np.uint32), jnp_out[0].view(np.uint32))
+    # s as a compile-time constant and broadcast over a batch (in_axes=None)
+    for s in (3, 7, 255):
+        const = np.asarray(jax.jit(jax.vmap(lambda n, l: dequantize(n, l, s)))(norms, levels))
+        shared = np.asarray(jax.jit(jax.vmap(dequantize, in_axes=(0, 0, None)))(norms, levels, s))
+        ref = np.stack([dequantize_np(norms[i], levels[i], s) for i in range(n)])
+        np.testing.assert_array_equal(const.view(np.uint32), ref.view(np.uint32))
+        np.testing.assert_array_equal(shared.view(np.uint32), ref.view(np.uint32))
+
+
+def test_resolve_compressor():
+    for spec in (None, "none", "Identity", 0):
+        assert resolve_compressor(spec).name == "identity"
+    assert resolve_compressor(16).name == "qsgd-s16"
+    assert resolve_compressor({"bits": 4}).name == "qsgd-s16"
+    assert resolve_compressor({"bits": 0}).name == "qsgd-s1"
+    assert resolve_compressor({"levels": 8}).name == "qsgd-s8"
+    assert resolve_compressor({"levels": [2, 16]}).name == "qsgd-s[2,16]"
+    c = quantization(4)
+    assert resolve_compressor(c) is c
+    for bad in ("qsgd", -1, 2.5, True, {"bits": 2.5}, {"bits": 40}, {"foo": 1},
+                {"bits": 2, "levels": 4}, object()):
+        with pytest.raises(ValueError):
+            resolve_compressor(bad)
+
+
+# --------------------------------------------------------------------------------------
+# Bad inputs
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "16", True, float("nan"), [2, 0], [], 2**24 + 1])
+def test_quantization_rejects_bad_levels(bad):
+    with pytest.raises(ValueError, match=r"quantization levels.*got") as err:
+        quantization(bad)
+    message = str(err.value)
+    assert "2**" in message or "empty" in message
+
+
+def test_quantization_error_message_names_value_and_fix():
+    with pytest.raises(ValueError) as err:
+        quantization(0)
+    assert str(err.value) == (
+        "quantization levels s must be an integer >= 1 (got 0); "
+        "use s = 2**p for a p-bit quantiser"
+    )
+    with pytest.raises(ValueError, match=r"s\[1\].*got 2\.5"):
+        quantization([4, 2.5])
+    assert quantization(16.0).name == "qsgd-s16"  # integral floats are accepted
+
+
+def _message(mode: int, norm_bits: int, codes: list[int], pad_ones: bool = False) -> bytes:
+    w = BitWriter()
+    w.write_bit(mode)
+    w.write_bits(norm_bits, 32)
+    for item in codes:
+        if isinstance(item, str):
+            w.write_code(item)
+        else:
+            elias_omega_encode(w, item)
+    if pad_ones:
+        while len(w) % 8:
+            w.write_bit(1)
+    return w.to_bytes()
+
+
+def test_decoder_rejects_malformed_messages():
+    one = int(np.float32(1.0).view(np.uint32))
+    levels = np.array([0, 3, 0, 0, -1, 0, 0, 0, 2, 0], np.int32)
+    good = encode_qsgd(1.0, levels)
+    cases = {
+        "truncated": good[:-1],
+        "empty": b"",
+        "header only": good[:3],
+        "trailing byte": good + b"\x00",
+        "wrong d": good,  # decoded with d = 5 below
+        "negative norm": _message(0, int(np.float32(-1.0).view(np.uint32)), [1]),
+        "too many nonzeros": _message(0, one, [12]),  # nnz = 11 > d = 10
+        # first nonzero at index 9 (gap + 1 = 10), then a gap pointing past the end
+        "index past d": _message(0, one, [3, 10, "0", 1, 2, "0", 1]),
+        "nonzero padding": _message(0, one, [1], pad_ones=True),
+        "huge level": _message(1, one, ["1" * 70]),
+        "level above s": _message(0, one, [2, 1, "0", 17]),
+    }
+    assert decode_qsgd(_message(0, one, [2, 10, "0", 1]), 10)[1][9] == 1  # the valid prefix
+    for name, data in cases.items():
+        d = 5 if name == "wrong d" else 10
+        s = 16 if name == "level above s" else None
+        try:
+            decode_qsgd(data, d, s=s)
+        except ValueError:
+            continue
+        pytest.fail(f"malformed message accepted: {name}")
+    with pytest.raises(ValueError, match="dimension"):
+        decode_qsgd(good, -1)
+    with pytest.raises(ValueError, match="non-negative"):
+        encode_qsgd(-1.0, levels)
+    with pytest.raises(ValueError, match="1-D"):
+        encode_qsgd(1.0, levels.reshape(2, 5))
+
+
+def test_decoder_fuzz_never_returns_wrong_size():
+    rng = np.random.default_rng(123)
+    good = encode_qsgd(2.0, np.array([0, 1, -4, 0, 0, 7, 0, 0], np.int32))
+    for trial in range(3000):
+        if trial % 2:
+            data = rng.integers(0, 256, size=int(rng.integers(0, 24)), dtype=np.uint8).tobytes()
+        else:  # flip a few bits of a valid message
+            arr = np.frombuffer(good, np.uint8).copy()
+            pos = rng.integers(0, 8 * len(arr), size=int(rng.integers(1, 4)))
+            arr[pos // 8] ^= (1 << (7 - pos % 8)).astype(np.uint8)
+            data = arr.tobytes()
+        d = int(rng.integers(0, 12))
+        try:
+            norm, levels = decode_qsgd(data, d)
+        except ValueError:
+            continue
+        assert isinstance(norm, np.float32) and levels.shape == (d,) and levels.dtype == np.int32
+        # Anything accepted must be canonical: re-encoding gives back the same bytes
+        # unless the message used the longer of the two modes.
+        again = encode_qsgd(norm, levels)
+        assert len(again) <= len(data)
