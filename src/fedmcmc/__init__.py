@@ -2,7 +2,7 @@
 
 from fedmcmc.base import ClientData, Compressor, FederatedSampler, Model, Participation
 from fedmcmc.data.federated import FederatedData, from_clients
-from fedmcmc.simulate import DivergenceError, SimulationResult, simulate
+from fedmcmc.simulator import DivergenceError, SimulationResult, simulate
 
 __version__ = "0.1.0"
 

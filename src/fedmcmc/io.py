@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from fedmcmc.simulate import SimulationResult
+from fedmcmc.simulator import SimulationResult
 
 
 def _arviz():

@@ -68,8 +68,6 @@ __all__ = [
 
 #: Largest level magnitude the QSGD format carries (``|level| + 1`` must fit in int32).
 MAX_LEVEL = 2**31 - 2
-#: Number of unrolled rounds in :func:`elias_omega_length`; 4 suffice for ``n < 2**31``.
-_OMEGA_ROUNDS = 5
 #: Largest binary group the Elias-omega decoder accepts (guards against garbage input).
 _MAX_OMEGA_GROUP_BITS = 63
 
@@ -246,10 +244,17 @@ def elias_omega_decode(reader: BitReader, max_value: int | None = None) -> int:
 def elias_omega_length(n: Array) -> Array:
     """Exact length in bits of the Elias-omega code of each entry of ``n`` (JAX).
 
-    ``L(n) = 1 + sum_k bitlength(m_k)`` over the chain ``m_0 = n``,
-    ``m_{k+1} = bitlength(m_k) - 1`` while ``m_k > 1``. For ``n < 2**31`` the chain has
-    at most four terms (``31 -> 30 -> 4 -> 2 -> 1``), so a fixed number of unrolled,
-    vectorised rounds is exact; ``bitlength`` uses ``lax.clz``.
+    ``L(1) = 1`` and ``L(n) = 1 + G(n)`` with ``G(1) = 0``,
+    ``G(m) = bitlength(m) + G(bitlength(m) - 1)`` (one binary group per step of the
+    recursion). Unrolling the recursion for ``n < 2**31``: with ``b = bitlength(n)``
+    (computed with ``lax.clz``), the remaining chain ``G(b - 1)`` only depends on the
+    range of ``b`` -- 0 for ``b = 2``, 2 for ``b in [3, 4]``, 5 for ``b in [5, 8]``,
+    6 for ``b in [9, 16]``, 10 for ``b in [17, 31]`` -- so
+
+    .. math::
+
+        L(n) = 1 + b + 2[b \ge 3] + 3[b \ge 5] + [b \ge 9] + 4[b \ge 17],
+        \qquad n \ge 2.
 
     Parameters
     ----------
@@ -261,14 +266,17 @@ def elias_omega_length(n: Array) -> Array:
     Array
         int32 array of the same shape.
     """
-    m = jnp.maximum(jnp.asarray(n).astype(jnp.int32), 1)
-    length = jnp.ones_like(m)
-    for _ in range(_OMEGA_ROUNDS):
-        active = m > 1
-        bitlength = 32 - lax.clz(m)
-        length = length + jnp.where(active, bitlength, 0)
-        m = jnp.where(active, bitlength - 1, m)
-    return length
+    n = jnp.asarray(n).astype(jnp.int32)
+    b = 32 - lax.clz(jnp.maximum(n, 1))
+    length = (
+        1
+        + b
+        + 2 * (b >= 3).astype(jnp.int32)
+        + 3 * (b >= 5).astype(jnp.int32)
+        + (b >= 9).astype(jnp.int32)
+        + 4 * (b >= 17).astype(jnp.int32)
+    )
+    return jnp.where(n > 1, length, 1).astype(jnp.int32)
 
 
 # --------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from fedmcmc.compression import qsgd_bits_bound, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian
 from fedmcmc.models.gaussian import GaussianPosterior, gaussian_mean, gaussian_mean_posterior
 from fedmcmc.samplers import lsd_star, qlsd_sharp, qlsd_star
-from fedmcmc.simulate import simulate
+from fedmcmc.simulator import simulate
 
 NAME = "qlsd-toy-gaussian"
 SUMMARY = "QLSD#/QLSD*/LSD* on the heterogeneous Gaussian: MSE of E||theta|| against bits (QLSD Fig. 1)"

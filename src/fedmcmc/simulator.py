@@ -233,6 +233,13 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         raise ValueError("resume needs out_dir, the folder of the interrupted run")
 
     init, chunk = _build(sampler, data, statistic)
+    try:
+        keys_shape = jax.ShapeDtypeStruct((num_chains, 2), jnp.uint32)
+        carry_shape = jax.eval_shape(init, keys_shape, theta0)
+        jax.eval_shape(lambda k, c: chunk(k, c, jnp.int32(0), 1, 1), keys_shape, carry_shape)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"theta0 of shape {tuple(theta0.shape[1:])} does not fit this sampler and data "
+                         f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
     chain_keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed),
                                                          jnp.arange(num_chains, dtype=jnp.uint32))
     carry = init(chain_keys, theta0)
