@@ -61,7 +61,16 @@ def to_inference_data(results: Mapping[str, SimulationResult], attrs: Mapping | 
         dims = {"theta": ["method", "theta_dim"], **{name: ["method"] for name in sample_stats}}
         coords = {"draw": draw_coords, "method": labels}
     return az.from_dict(posterior=posterior, sample_stats=sample_stats, dims=dims, coords=coords,
-                        attrs={k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in attrs.items()})
+                        attrs={k: _attr(v) for k, v in attrs.items()})
+
+
+def _attr(value):
+    """netCDF attributes hold numbers and strings only: bools become ints, containers JSON."""
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(_jsonable(value))
+    return value
 
 
 def write_posterior(path: str | os.PathLike, results: Mapping[str, SimulationResult],

@@ -112,8 +112,10 @@ def resolve_compressor(spec) -> Compressor:
         raise ValueError(f"unknown compressor spec {spec!r}; {_SPEC_HELP}")
     if isinstance(spec, (bool, np.bool_)):
         raise ValueError(f"invalid compressor spec {spec!r}; {_SPEC_HELP}")
-    if isinstance(spec, (int, np.integer)):
-        return identity() if spec == 0 else quantization(spec)
+    if isinstance(spec, (int, np.integer)) and spec == 0:
+        return identity()
+    if isinstance(spec, (int, float, np.integer, np.floating)):
+        return quantization(spec)  # validates: integer >= 1
     if isinstance(spec, Mapping):
         keys = set(spec)
         if keys == {"bits"}:

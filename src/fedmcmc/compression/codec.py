@@ -18,7 +18,9 @@ QSGD (:func:`encode_qsgd`, :func:`decode_qsgd`)
     ======================  =====================================================
     mode                    1 bit: ``0`` = sparse, ``1`` = dense
     norm                    32 bits: IEEE-754 bit pattern of the float32 norm,
-                            big-endian (the sign bit comes first; it is always 0)
+                            big-endian (the sign bit comes first; it is always 0:
+                            ``-0.0`` is written as ``+0.0`` and any NaN as the
+                            quiet NaN ``0x7FC00000``)
     sparse body (mode 0)    ``omega(nnz + 1)``, then for each nonzero coordinate in
                             increasing index order: ``omega(gap + 1)``, where
                             ``gap`` is the number of zero coordinates skipped since
@@ -68,6 +70,8 @@ __all__ = [
 
 #: Largest level magnitude the QSGD format carries (``|level| + 1`` must fit in int32).
 MAX_LEVEL = 2**31 - 2
+#: Bit pattern written for a NaN norm (positive quiet NaN; the sign bit is always 0).
+_CANONICAL_NAN_BITS = 0x7FC00000
 #: Largest binary group the Elias-omega decoder accepts (guards against garbage input).
 _MAX_OMEGA_GROUP_BITS = 63
 
@@ -242,7 +246,7 @@ def elias_omega_decode(reader: BitReader, max_value: int | None = None) -> int:
 
 
 def elias_omega_length(n: Array) -> Array:
-    """Exact length in bits of the Elias-omega code of each entry of ``n`` (JAX).
+    r"""Exact length in bits of the Elias-omega code of each entry of ``n`` (JAX).
 
     ``L(1) = 1`` and ``L(n) = 1 + G(n)`` with ``G(1) = 0``,
     ``G(m) = bitlength(m) + G(bitlength(m) - 1)`` (one binary group per step of the
@@ -284,6 +288,19 @@ def elias_omega_length(n: Array) -> Array:
 # --------------------------------------------------------------------------------------
 
 
+def _materialize(x: Array) -> Array:
+    """Return ``x`` unchanged (int32), computed once by the compiler.
+
+    ``max(x, INT32_MIN) == x`` exactly, but written as a reduction over a trailing axis
+    of size 2 it becomes a fusion root, so XLA stores ``x`` instead of re-computing its
+    whole producer chain (e.g. the stochastic rounding of :func:`quantize`) inside each
+    of the several consumer fusions of the prefix scan below. This halves the cost of
+    a fused ``quantize`` + :func:`qsgd_encoded_bits` on CPU; it never changes values.
+    """
+    floor = jnp.full_like(x, jnp.iinfo(jnp.int32).min)
+    return jnp.max(jnp.stack([x, floor], axis=-1), axis=-1)
+
+
 def qsgd_encoded_bits(signed_levels: Array) -> Array:
     """Exact unpadded length in bits of :func:`encode_qsgd`'s message (JAX, vmappable).
 
@@ -319,7 +336,7 @@ def qsgd_encoded_bits(signed_levels: Array) -> Array:
     batch = levels.shape[:-1]
     if d == 0:
         return jnp.full(batch, 33, dtype=jnp.int32)
-    mag = jnp.abs(levels.astype(jnp.int32))
+    mag = _materialize(jnp.abs(levels.astype(jnp.int32)))
     nonzero = mag != 0
     dense = jnp.sum(elias_omega_length(mag + 1) + nonzero.astype(jnp.int32), axis=-1)
 
@@ -344,9 +361,11 @@ def _norm_to_bits(norm) -> int:
     if arr.shape != ():
         raise ValueError(f"norm must be a scalar, got shape {arr.shape}")
     value = np.asarray(arr, dtype=np.float32)
-    if np.signbit(value):
+    if np.isnan(value):
+        return _CANONICAL_NAN_BITS
+    if value < 0:
         raise ValueError(f"norm must be non-negative (got {value!r})")
-    return int(value.view(np.uint32))
+    return int(np.abs(value).view(np.uint32))  # -0.0 is written as +0.0
 
 
 def _write_sparse(writer: BitWriter, levels: np.ndarray) -> None:

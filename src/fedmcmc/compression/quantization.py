@@ -76,7 +76,8 @@ def quantize(key: PRNGKey, v: Array, s) -> tuple[Array, Array]:
     One uniform is drawn per coordinate. The norm is computed in float32 with scaling by
     ``max_i |v_i|`` so that it neither overflows nor underflows; ``l_i`` is clipped to
     ``[0, s]`` to absorb float rounding in ``r_i``. A zero vector gives ``norm = 0`` and
-    all levels 0. Non-finite inputs give a non-finite norm and zero levels.
+    all levels 0. A vector with non-finite entries gives a non-finite norm and all
+    levels 0 (so ``dequantize`` returns NaN, and the message stays small).
 
     Parameters
     ----------
@@ -107,7 +108,8 @@ def quantize(key: PRNGKey, v: Array, s) -> tuple[Array, Array]:
     u = jax.random.uniform(key, v.shape, dtype=jnp.float32)
     levels = floor_r + (u < r - floor_r).astype(jnp.float32)
     levels = jnp.clip(levels, 0.0, s_f)
-    levels = jnp.where(jnp.isfinite(levels), levels, 0.0).astype(jnp.int32)
+    levels = jnp.where(jnp.isfinite(levels) & jnp.isfinite(norm), levels, 0.0)
+    levels = levels.astype(jnp.int32)
     signed_levels = jnp.where(v < 0, -levels, levels)
     return norm, signed_levels
 
@@ -251,7 +253,11 @@ def quantization(levels) -> Compressor:
         del v_like
         if not per_client:
             return QuantizationState(levels=jnp.asarray(table, dtype=jnp.int32))
-        if isinstance(index, (int, np.integer)) and not 0 <= index < len(checked):
+        try:
+            concrete = operator.index(index)  # a traced index raises TypeError
+        except TypeError:
+            concrete = None
+        if concrete is not None and not 0 <= concrete < len(checked):
             raise ValueError(
                 f"client index {index} out of range for {len(checked)} per-client "
                 "quantization levels"

@@ -63,7 +63,7 @@ def running_mse(stats: np.ndarray, target: float, points: int) -> tuple[np.ndarr
 
 
 def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        settings: dict | None = None) -> dict:
+        resume: bool = False, settings: dict | None = None) -> dict:
     cfg = dict(QUICK if quick else FULL)
     cfg.update(settings or {})
     if seed is not None:
@@ -91,7 +91,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         else:
             sampler = lsd_star(model, cfg["step_size"], mode, batch, name=label)
         res = simulate(cfg["seed"], sampler, data, np.zeros(d), cfg["num_iterations"], num_chains=cfg["num_chains"],
-                       burn_in=burn_in, thinning=10, statistic=_norm, progress=progress, description=label,
+                       burn_in=burn_in, thinning=10, statistic=_norm, progress=progress, description=label, resume=resume,
                        out_dir=out / "runs" / label.replace(" ", "_").replace("#", "sharp").replace("*", "star"))
         results[label] = res
         estimates = res.statistics.mean(axis=1)

@@ -1,0 +1,75 @@
+"""`fedmcmc bench`: throughput ratios measured in one run.
+
+(a) ``speedup_vs_numpy``: chain-iterations per second of our QLSD* on the toy problem
+    (30 chains, 4-bit quantisation, minibatches of N_i / 10) over those of a straightforward
+    NumPy QLSD* that loops over clients every iteration (:mod:`fedmcmc.bench.numpy_reference`).
+(b) ``federation_overhead``: seconds per iteration of our QLSD (identity compression, full
+    participation, 20 clients) over our centralised SGLD with the same total minibatch.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fedmcmc import gradients, io
+from fedmcmc.bench import numpy_reference
+from fedmcmc.compression import identity, quantization
+from fedmcmc.data.synthetic import heterogeneous_gaussian
+from fedmcmc.models.gaussian import gaussian_mean
+from fedmcmc.samplers import qlsd_sharp, qlsd_star, sgld
+from fedmcmc.simulator import simulate
+
+STEP = 4.9e-4
+LEVELS = 16
+
+
+def _rate(sampler, data, chains, iterations, repeats=3) -> float:
+    """Best of ``repeats`` chain-iterations per second, compilation excluded."""
+    d = data.x.shape[-1]
+    simulate(0, sampler, data, np.zeros(d), iterations, num_chains=chains, chunk_size=iterations)  # compile
+    best = float("inf")
+    for r in range(repeats):
+        t = time.perf_counter()
+        simulate(r + 1, sampler, data, np.zeros(d), iterations, num_chains=chains, chunk_size=iterations)
+        best = min(best, time.perf_counter() - t)
+    return chains * iterations / best
+
+
+def run(out: Path, quick: bool = False) -> dict:
+    data = heterogeneous_gaussian()
+    model = gaussian_mean(data.x.shape[-1])
+    batch = np.maximum(np.asarray(data.counts) // 10, 1)
+    mode = gradients.find_mode(model, data)
+    iters = 2_000 if quick else 10_000
+    numpy_iters = 500 if quick else 3_000
+
+    ours = _rate(qlsd_star(model, STEP, mode, batch, quantization(LEVELS)), data, 30, iters)
+    ours_one = _rate(qlsd_star(model, STEP, mode, batch, quantization(LEVELS)), data, 1, iters)
+    clients = [data.unpadded(i).astype(np.float64) for i in range(data.num_clients)]
+    rng = np.random.default_rng(0)
+    t = time.perf_counter()
+    numpy_reference.qlsd_star(rng, clients, np.asarray(mode.theta, np.float64),
+                              np.asarray(mode.client_grad_sum, np.float64), STEP, LEVELS, batch.tolist(),
+                              np.zeros(model.dim), numpy_iters)
+    numpy_rate = numpy_iters / (time.perf_counter() - t)
+
+    fed = _rate(qlsd_sharp(model, STEP, batch, identity()), data, 30, iters)
+    central = _rate(sgld(model, STEP, int(batch.sum())), data.pooled(), 30, iters)
+    payload = {
+        "quick": quick,
+        "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "qlsd_star_chain_iterations_per_second": {"ours_30_chains": ours, "ours_1_chain": ours_one,
+                                                   "numpy_reference_1_chain": numpy_rate},
+        "speedup_vs_numpy": ours / numpy_rate,
+        "federation": {"qlsd_identity_chain_iterations_per_second": fed,
+                       "sgld_same_total_minibatch_chain_iterations_per_second": central},
+        "federation_overhead": central / fed,
+        "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
+                     "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
+    }
+    io.write_json(Path(out) / "bench.json", payload)
+    return payload

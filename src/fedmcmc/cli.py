@@ -1,0 +1,122 @@
+"""Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | bench``.
+
+Bad input ends with one line on stderr that names the problem and the fix, and exit code 2;
+a run that diverges ends with exit code 3 and says which step size to lower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, as argparse does, but with our prefix
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"fedmcmc: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fedmcmc", description="Bayesian federated learning by federated SG-MCMC")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("list", help="list experiments, samplers and problems")
+    r = sub.add_parser("reproduce", help="run a paper reproduction by name")
+    r.add_argument("name")
+    r.add_argument("--quick", action="store_true", help="a smaller version that finishes in minutes")
+    r.add_argument("--out", type=Path, default=None, help="output folder (default results/NAME)")
+    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
+    r.add_argument("--no-progress", action="store_true")
+    c = sub.add_parser("run", help="run a sampler described in a TOML file")
+    c.add_argument("config", type=Path)
+    c.add_argument("--out", type=Path, default=None, help="output folder (default results/CONFIG-NAME)")
+    c.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
+    c.add_argument("--no-progress", action="store_true")
+    b = sub.add_parser("bench", help="measure throughput against the NumPy reference")
+    b.add_argument("--quick", action="store_true")
+    b.add_argument("--out", type=Path, default=Path("results/bench"))
+    return p
+
+
+def _list() -> None:
+    from fedmcmc import config, experiments
+
+    print("experiments (fedmcmc reproduce NAME [--quick]):")
+    for name, module in sorted(experiments.EXPERIMENTS.items()):
+        print(f"  {name:24s} {module.SUMMARY}")
+    print("samplers ([sampler] name in a run config):")
+    for name, text in config.SAMPLERS.items():
+        print(f"  {name:24s} {text}")
+    print("problems ([problem] name in a run config):")
+    for name, text in config.PROBLEMS.items():
+        print(f"  {name:24s} {text}")
+
+
+def _main(args) -> int:
+    if args.command == "list":
+        _list()
+        return 0
+    if args.command == "reproduce":
+        from fedmcmc import experiments
+
+        module = experiments.get(args.name)
+        out = args.out or Path("results") / (args.name + ("-quick" if args.quick else ""))
+        payload = module.run(out, quick=args.quick, seed=args.seed, progress=not args.no_progress,
+                             resume=args.resume)
+        print(f"wrote {out}/results.json, {out}/posterior.nc and figures ({payload['wall_seconds']:.0f} s)")
+        return 0
+    if args.command == "run":
+        from fedmcmc import config
+
+        out = args.out or Path("results") / args.config.stem
+        payload = config.run(args.config, out, resume=args.resume, progress=not args.no_progress)
+        print(f"wrote {out}/results.json and {out}/posterior.nc; posterior mean error "
+              f"{payload['posterior_mean_error']:.3g}, variance ratio {payload['posterior_variance_ratio']:.3g}")
+        return 0
+    if args.command == "bench":
+        from fedmcmc.bench import run as run_bench
+
+        payload = run_bench(args.out, quick=args.quick)
+        print(f"wrote {args.out}/bench.json: speedup_vs_numpy {payload['speedup_vs_numpy']:.1f}, "
+              f"federation_overhead {payload['federation_overhead']:.2f}")
+        return 0
+    raise AssertionError(args.command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    args = _parser().parse_args(argv)
+    from fedmcmc.simulator import DivergenceError
+
+    try:
+        return _main(args)
+    except DivergenceError as err:
+        step = _step_size_hint(args)
+        hint = f": lower the step size (now {step:g}), e.g. to {step / 2:g}" if step else ": lower the step size"
+        sys.stderr.write(f"fedmcmc: error: the run diverged (NaN/inf) by iteration {err.iteration}{hint}\n")
+        return 3
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        message = err.args[0] if err.args else repr(err)
+        sys.stderr.write(f"fedmcmc: error: {message}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("fedmcmc: interrupted; rerun with --resume to continue from the last chunk\n")
+        return 130
+
+
+def _step_size_hint(args):
+    if getattr(args, "command", None) != "run":
+        return None
+    try:
+        from fedmcmc import config
+
+        return float(config.load(args.config)["sampler"]["step_size"])
+    except Exception:  # the hint is optional; the error itself is already known
+        return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

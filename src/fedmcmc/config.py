@@ -1,0 +1,192 @@
+"""`fedmcmc run CONFIG.toml`: a run described in a TOML file, validated before it starts.
+
+Example::
+
+    [problem]
+    name = "heterogeneous-gaussian"   # built-in problems: see PROBLEMS
+    num_clients = 20
+    dim = 50
+
+    [sampler]
+    name = "qlsd*"                    # sgld, qlsd#, qlsd*, lsd*, qlsd++, lsd++
+    step_size = 4.9e-4
+    batch_fraction = 0.1              # or batch_size = 10 (per client), omit for full batches
+    compression = { bits = 8 }        # or { levels = 16 }, "none"
+    participation = { p = 0.5, scaling = "inverse_probability" }
+
+    [run]
+    seed = 0
+    num_chains = 4
+    num_iterations = 20000
+    burn_in = 10000
+    thinning = 10
+"""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedmcmc import diagnostics, gradients, io
+from fedmcmc.compression import resolve_compressor
+from fedmcmc.data.synthetic import heterogeneous_gaussian
+from fedmcmc.models.gaussian import gaussian_mean, gaussian_mean_posterior
+from fedmcmc.participation import resolve_participation
+from fedmcmc.samplers import lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
+from fedmcmc.simulator import simulate
+
+SAMPLERS = {
+    "sgld": "centralised SGLD on the pooled data (baseline)",
+    "qlsd#": "QLSD with minibatch gradients (Vono et al. 2022, Alg. 1); alias 'qlsd'",
+    "qlsd*": "QLSD with control variates at the mode",
+    "lsd*": "QLSD* without compression",
+    "qlsd++": "QLSD with SVRG control variates and memory terms (Alg. 2)",
+    "lsd++": "QLSD++ without compression",
+}
+PROBLEMS = {
+    "heterogeneous-gaussian": "Gaussian mean, heterogeneous clients, flat prior; exact posterior (QLSD Sec. 4)",
+}
+_SECTIONS = {
+    "problem": {"name", "seed", "num_clients", "dim", "min_size", "max_size", "mean_spread"},
+    "sampler": {"name", "step_size", "batch_size", "batch_fraction", "compression", "participation",
+                "refresh_every", "memory", "memory_rate"},
+    "run": {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"},
+}
+
+
+class ConfigError(ValueError):
+    """An invalid run configuration."""
+
+
+def load(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} not found; give the path to a TOML file")
+    try:
+        cfg = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: dict) -> None:
+    for section, keys in _SECTIONS.items():
+        if section not in cfg:
+            raise ConfigError(f"config needs a [{section}] section")
+        unknown = set(cfg[section]) - keys
+        if unknown:
+            raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{section}]; allowed: {sorted(keys)}")
+    extra = set(cfg) - set(_SECTIONS)
+    if extra:
+        raise ConfigError(f"unknown section(s) {sorted(extra)}; allowed: {sorted(_SECTIONS)}")
+    name = cfg["problem"].get("name")
+    if name not in PROBLEMS:
+        raise ConfigError(f"unknown problem {name!r}; available: {', '.join(PROBLEMS)}")
+    sampler = str(cfg["sampler"].get("name", "")).lower()
+    if sampler not in SAMPLERS and sampler != "qlsd":
+        raise ConfigError(f"unknown sampler {cfg['sampler'].get('name')!r}; available: {', '.join(SAMPLERS)}")
+    if "step_size" not in cfg["sampler"]:
+        raise ConfigError("[sampler] needs step_size")
+    if "batch_size" in cfg["sampler"] and "batch_fraction" in cfg["sampler"]:
+        raise ConfigError("give batch_size or batch_fraction, not both")
+    fraction = cfg["sampler"].get("batch_fraction")
+    if fraction is not None and not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+        raise ConfigError(f"batch_fraction must lie in (0, 1] (got {fraction!r})")
+    for key in ("num_chains", "num_iterations"):
+        if key not in cfg["run"]:
+            raise ConfigError(f"[run] needs {key}")
+
+
+def build(cfg: dict) -> dict[str, Any]:
+    """Turn a validated config into data, model, sampler and run settings."""
+    p = dict(cfg["problem"])
+    p.pop("name")
+    data = heterogeneous_gaussian(**p)
+    model = gaussian_mean(data.x.shape[-1])
+    exact = gaussian_mean_posterior(data)
+
+    s = dict(cfg["sampler"])
+    name = s.pop("name").lower()
+    name = "qlsd#" if name == "qlsd" else name
+    step = s.pop("step_size")
+    fraction = s.pop("batch_fraction", None)
+    batch = s.pop("batch_size", None)
+    if fraction is not None:
+        batch = np.maximum((np.asarray(data.counts) * fraction).astype(int), 1)
+    compressor = resolve_compressor(s.pop("compression", None))
+    part = resolve_participation(s.pop("participation", None))
+    refresh = s.pop("refresh_every", 100)
+    memory = s.pop("memory", True)
+    memory_rate = s.pop("memory_rate", None)
+    mode = None
+    if name in ("qlsd*", "lsd*"):
+        mode = gradients.find_mode(model, data)
+    if name == "sgld":
+        if batch is not None and np.size(batch) > 1:
+            batch = int(np.sum(batch))
+        sampler, data = sgld(model, step, batch), data.pooled()
+    elif name == "qlsd#":
+        sampler = qlsd_sharp(model, step, batch, compressor, part)
+    elif name == "qlsd*":
+        sampler = qlsd_star(model, step, mode, batch, compressor, part)
+    elif name == "lsd*":
+        sampler = lsd_star(model, step, mode, batch, part)
+    elif name == "qlsd++":
+        sampler = qlsd_pp(model, step, batch, compressor, part, refresh, memory, memory_rate)
+    else:
+        sampler = lsd_pp(model, step, batch, part, refresh)
+    return {"data": data, "model": model, "exact": exact, "sampler": sampler, "mode": mode, "step_size": step}
+
+
+def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
+    cfg = load(path)
+    started = time.perf_counter()
+    built = build(cfg)
+    r = dict(cfg["run"])
+    model, exact = built["model"], built["exact"]
+    res = simulate(r.get("seed", 0), built["sampler"], built["data"], np.zeros(model.dim), r["num_iterations"],
+                   num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
+                   chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress)
+    mean = res.samples.mean(axis=(0, 1))
+    var = res.samples.var(axis=(0, 1))
+    payload = {
+        "config": cfg,
+        "sampler": built["sampler"].name,
+        "num_draws": int(res.samples.shape[1]),
+        "posterior_mean_error": float(np.linalg.norm(mean - exact.mean)),
+        "posterior_variance_ratio": float(np.mean(var) / exact.var),
+        "exact_posterior": {"variance": exact.var, "mean_norm": float(np.linalg.norm(exact.mean))},
+        "upload_bits_per_chain": float(res.total_bits_up.mean()),
+        "download_bits_per_chain": float(res.total_bits_down.mean()),
+        "bits_per_iteration": float(res.total_bits_up.mean() / res.num_iterations),
+        "mean_active_clients": float(res.active.sum(axis=1).mean() / max(res.samples.shape[1] * res.thinning, 1)),
+        "diagnostics": diagnostics.summary(res.samples),
+        "theta_star": None if built["mode"] is None else {"rounds": built["mode"].rounds, "bits": built["mode"].bits},
+        "sampler_seconds": res.wall_seconds,
+        "wall_seconds": time.perf_counter() - started,
+    }
+    out = Path(out)
+    io.write_json(out / "results.json", payload)
+    io.write_posterior(out / "posterior.nc", {built["sampler"].name: res}, attrs={"config": cfg})
+    plot_trace(out / "trace.png", res.samples, exact)
+    return payload
+
+
+def plot_trace(path: Path, samples: np.ndarray, exact) -> None:
+    fig, axes = io.new_figure(ncols=2, figsize=(9, 3.2))
+    k = 0
+    for c in range(samples.shape[0]):
+        axes[0].plot(samples[c, :, k], lw=0.6)
+    axes[0].axhline(exact.mean[k], color="k", ls="--", lw=1)
+    axes[0].set_title("trace of theta[0] per chain")
+    axes[0].set_xlabel("draw")
+    axes[1].hist(samples[..., k].ravel(), bins=50, density=True, alpha=0.7)
+    grid = np.linspace(samples[..., k].min(), samples[..., k].max(), 200)
+    axes[1].plot(grid, np.exp(-0.5 * (grid - exact.mean[k]) ** 2 / exact.var) / np.sqrt(2 * np.pi * exact.var), "k--")
+    axes[1].set_title("theta[0]: samples vs exact posterior")
+    io.save_figure(fig, path)

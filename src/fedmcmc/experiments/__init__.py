@@ -1,0 +1,16 @@
+"""Paper reproductions, each a small driver with a ``run(out, quick, seed)`` function."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from fedmcmc.experiments import qlsd_toy_gaussian
+
+EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (qlsd_toy_gaussian,)}
+
+
+def get(name: str) -> ModuleType:
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; `fedmcmc list` shows the available ones: "
+                         f"{', '.join(sorted(EXPERIMENTS))}")
+    return EXPERIMENTS[name]
