@@ -1,5 +1,6 @@
 """fedmcmc: Bayesian federated learning by federated stochastic-gradient MCMC."""
 
+from fedmcmc import _xla  # noqa: F401  (CPU tuning; changes no number)
 from fedmcmc.base import ClientData, Compressor, FederatedSampler, Model, Participation
 from fedmcmc.data.federated import FederatedData, from_clients
 from fedmcmc.simulator import DivergenceError, SimulationResult, simulate

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -104,6 +105,12 @@ def _total(hi, lo) -> np.ndarray:
     return np.asarray(hi, np.int64) * (1 << _LO_BITS) + np.asarray(lo, np.int64)
 
 
+def _materialize(x):
+    """``x`` unchanged, but stored once: XLA otherwise fuses cheap producers (the threefry
+    hashes of the clients' keys) into every consumer and recomputes them per element."""
+    return jnp.max(jnp.stack([x, jnp.zeros_like(x)], axis=-1), axis=-1)
+
+
 def _select(mask, new, old):
     def pick(n, o):
         m = mask.reshape(mask.shape + (1,) * (n.ndim - mask.ndim))
@@ -112,7 +119,24 @@ def _select(mask, new, old):
     return jax.tree_util.tree_map(pick, new, old)
 
 
+_BUILT: "OrderedDict[tuple, tuple]" = OrderedDict()
+
+
 def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None):
+    """Compiled init and chunk functions, cached so repeated runs of the same sampler on the
+    same data (chunks, resumes, benchmarks) do not compile again."""
+    key = (sampler, id(data.x), id(data.counts), statistic)
+    if key in _BUILT:
+        _BUILT.move_to_end(key)
+        return _BUILT[key][1]
+    built = _compile(sampler, data, statistic)
+    _BUILT[key] = (data, built)  # holding data keeps the ids valid
+    if len(_BUILT) > 16:
+        _BUILT.popitem(last=False)
+    return built
+
+
+def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None):
     clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
     b = data.num_clients
     ids = jnp.arange(b, dtype=jnp.uint32)
@@ -127,7 +151,7 @@ def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable |
     def chain_round(chain_key, carry: _Carry, k):
         round_key = jax.random.fold_in(chain_key, k + 1)
         mask = sampler.participation.sample(jax.random.fold_in(round_key, b + 1), b)
-        keys = jax.vmap(jax.random.fold_in, (None, 0))(round_key, ids)
+        keys = _materialize(jax.vmap(jax.random.fold_in, (None, 0))(round_key, ids))
         new_cs, uploads, cinfo = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
             keys, carry.client_states, carry.broadcast, clients, k)
         client_states = _select(mask, new_cs, carry.client_states)
@@ -169,6 +193,20 @@ def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable |
     init = jax.jit(jax.vmap(chain_init))
     chunk = jax.jit(run_chunk, static_argnums=(3, 4))
     return init, chunk
+
+
+def _spread_over_devices(tree, num_chains: int):
+    """Place chains evenly on the local devices (one per CPU core, see ``fedmcmc._xla``).
+
+    Chains are independent, so XLA partitions the vectorised program without any
+    communication. Used when ``num_chains`` is a multiple of the device count."""
+    devices = jax.local_devices()
+    if len(devices) == 1 or num_chains % len(devices):
+        return tree
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    sharding = NamedSharding(Mesh(np.array(devices), ("chains",)), PartitionSpec("chains"))
+    return jax.device_put(tree, sharding)
 
 
 def _fingerprint(**settings) -> str:
@@ -242,7 +280,8 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
                          f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
     chain_keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed),
                                                          jnp.arange(num_chains, dtype=jnp.uint32))
-    carry = init(chain_keys, theta0)
+    chain_keys = _spread_over_devices(chain_keys, num_chains)
+    carry = _spread_over_devices(init(chain_keys, theta0), num_chains)
     leaves, treedef = jax.tree_util.tree_flatten(carry)
     fingerprint = _fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,
                                d=int(theta0.shape[1]), chains=num_chains, iterations=num_iterations,
@@ -261,6 +300,7 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
                 raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
                                  "use another --out folder or drop --resume")
             carry = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(saved[f"leaf{i}"]) for i in range(len(leaves))])
+            carry = _spread_over_devices(carry, num_chains)
             done, wall = int(saved["done"]), float(saved["wall"])
             for i in range(int(saved["num_chunks"])):
                 with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
