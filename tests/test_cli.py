@@ -1,0 +1,139 @@
+"""The command line: outputs, resume after a kill, and one-line errors for bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def fedmcmc(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "fedmcmc.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=ENV, cwd=ROOT)
+
+
+CONFIG = """
+[problem]
+name = "heterogeneous-gaussian"
+num_clients = 5
+dim = 4
+
+[sampler]
+name = "{sampler}"
+step_size = {step}
+batch_fraction = 0.2
+compression = {compression}
+participation = {participation}
+
+[run]
+seed = 3
+num_chains = 4
+num_iterations = {iterations}
+burn_in = {burn_in}
+thinning = 5
+chunk_size = {chunk}
+"""
+
+
+def write_config(path, sampler="qlsd*", step=1e-3, compression="{ bits = 4 }",
+                 participation="{ p = 0.8, scaling = \"inverse_probability\" }", iterations=2000, burn_in=1000,
+                 chunk=500):
+    path.write_text(CONFIG.format(sampler=sampler, step=step, compression=compression, participation=participation,
+                                  iterations=iterations, burn_in=burn_in, chunk=chunk))
+    return path
+
+
+def assert_one_line_error(proc, *fragments, code=2):
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fedmcmc: error:")]
+    assert len(lines) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_list_names_experiments_and_samplers():
+    proc = fedmcmc("list")
+    assert proc.returncode == 0
+    for name in ("qlsd-toy-gaussian", "qlsd*", "qlsd++", "sgld", "heterogeneous-gaussian"):
+        assert name in proc.stdout
+
+
+def test_run_writes_inference_data_json_and_plots(tmp_path):
+    import arviz
+
+    cfg = write_config(tmp_path / "c.toml")
+    proc = fedmcmc("run", cfg, "--out", tmp_path / "out", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["sampler"] == "qlsd*" and results["num_draws"] == 200
+    assert results["upload_bits_per_chain"] > 0 and 0 < results["mean_active_clients"] <= 5
+    idata = arviz.from_netcdf(tmp_path / "out" / "posterior.nc")
+    assert idata.posterior["theta"].shape == (4, 200, 4)
+    assert set(idata.sample_stats.data_vars) >= {"bits_up", "bits_down", "active_clients"}
+    assert (tmp_path / "out" / "trace.png").stat().st_size > 1000
+
+
+def test_killed_run_resumes_to_the_same_samples(tmp_path):
+    import arviz
+
+    cfg = write_config(tmp_path / "c.toml", iterations=40000, burn_in=0, chunk=500)
+    straight = fedmcmc("run", cfg, "--out", tmp_path / "a", "--no-progress")
+    assert straight.returncode == 0, straight.stderr
+
+    proc = subprocess.Popen([sys.executable, "-m", "fedmcmc.cli", "run", str(cfg), "--out", str(tmp_path / "b"),
+                             "--no-progress"], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    chunks = tmp_path / "b" / "chunks"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(chunks.glob("chunk_*.npz"))) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = len(list(chunks.glob("chunk_*.npz")))
+    assert 3 <= done < 80, f"the run was not interrupted mid-way ({done} chunks)"
+    resumed = fedmcmc("run", cfg, "--out", tmp_path / "b", "--resume", "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    a = arviz.from_netcdf(tmp_path / "a" / "posterior.nc").posterior["theta"].values
+    b = arviz.from_netcdf(tmp_path / "b" / "posterior.nc").posterior["theta"].values
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("change, fragments", [
+    (dict(step=0.0), ["step_size must be > 0"]),
+    (dict(step=-1e-3), ["step_size must be > 0"]),
+    (dict(compression="{ levels = 0 }"), ["levels", ">= 1"]),
+    (dict(participation="{ p = 1.5 }"), ["(0, 1]"]),
+    (dict(participation="{ p = 0.0 }"), ["(0, 1]"]),
+    (dict(sampler="qlsd-magic"), ["unknown sampler", "qlsd*"]),
+])
+def test_bad_config_values_give_one_clear_line(tmp_path, change, fragments):
+    proc = fedmcmc("run", write_config(tmp_path / "c.toml", **change), "--out", tmp_path / "o")
+    assert_one_line_error(proc, *fragments)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    assert_one_line_error(fedmcmc("run", tmp_path / "nope.toml"), "not found")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[sampler\nname = 'qlsd'")
+    assert_one_line_error(fedmcmc("run", bad), "not valid TOML")
+    partial = tmp_path / "partial.toml"
+    partial.write_text("[problem]\nname = 'heterogeneous-gaussian'\n")
+    assert_one_line_error(fedmcmc("run", partial), "[sampler]")
+
+
+def test_unknown_experiment():
+    assert_one_line_error(fedmcmc("reproduce", "no-such-study"), "unknown experiment", "fedmcmc list")
+
+
+def test_divergence_names_the_step_size_to_lower(tmp_path):
+    cfg = write_config(tmp_path / "c.toml", sampler="qlsd#", step=5.0, compression='"none"', participation="1.0")
+    proc = fedmcmc("run", cfg, "--out", tmp_path / "o", "--no-progress")
+    assert_one_line_error(proc, "diverged", "lower the step size (now 5)", "2.5", code=3)
