@@ -72,6 +72,29 @@ def test_same_seed_same_samples_different_seed_different_samples():
     assert not np.array_equal(a.samples[0], a.samples[1])
 
 
+def test_step_size_schedules():
+    constant = simulate(2, qlsd_sharp(MODEL, GAMMA, [3, 4, 5, 6]), DATA, THETA0, 30, num_chains=2)
+    scheduled = simulate(2, qlsd_sharp(MODEL, lambda k: GAMMA + 0.0 * k, [3, 4, 5, 6]), DATA, THETA0, 30, num_chains=2)
+    np.testing.assert_array_equal(constant.samples, scheduled.samples)
+    # a schedule that is zero after round 10 freezes the chain there (noise scales with sqrt(gamma))
+    frozen = simulate(2, qlsd_sharp(MODEL, lambda k: jnp.where(k < 10, GAMMA, 0.0), [3, 4, 5, 6]), DATA, THETA0, 30)
+    np.testing.assert_array_equal(frozen.samples[0, 10:], np.broadcast_to(frozen.samples[0, 9], (20, 3)))
+    assert not np.array_equal(frozen.samples[0, 8], frozen.samples[0, 9])
+
+
+def test_per_client_compressors():
+    """Heterogeneous constraints (QLSD supplement S1): each client quantises with its own s,
+    and QLSD++ uses each client's own memory rate 1 / (omega_i + 1)."""
+    levels = [1, 4, 16, 2**16]
+    q = quantization(levels)
+    assert np.allclose(1 / (q.omega(MODEL.dim) + 1), 1 / (np.minimum(3 / np.square(levels), np.sqrt(3) / np.asarray(levels)) + 1))
+    per_client = simulate(0, qlsd_pp(MODEL, GAMMA, None, q, refresh_every=5), DATA, THETA0, 20, num_chains=2)
+    assert np.all(np.isfinite(per_client.samples))
+    # bits add up over clients: more levels cost more than the 1-level quantiser on everyone
+    cheap = simulate(0, qlsd_pp(MODEL, GAMMA, None, quantization(1), refresh_every=5), DATA, THETA0, 20, num_chains=2)
+    assert per_client.total_bits_up.min() > cheap.total_bits_up.max()
+
+
 def test_bits_are_the_clients_encoded_sizes():
     q = quantization(16)
     res = simulate(0, qlsd_sharp(MODEL, GAMMA, None, q), DATA, THETA0, 10, num_chains=2)
