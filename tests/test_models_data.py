@@ -1,0 +1,92 @@
+"""Data containers, the toy problem, closed forms and the mode finder."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedmcmc import from_clients, gradients
+from fedmcmc.data.synthetic import heterogeneous_gaussian
+from fedmcmc.experiments.qlsd_toy_gaussian import running_mse, stationary_ula_posterior
+from fedmcmc.models.gaussian import GaussianPosterior, gaussian_mean, gaussian_mean_posterior
+
+
+def test_toy_problem_follows_the_authors_notebook():
+    data = heterogeneous_gaussian()
+    assert data.num_clients == 20 and data.x.shape[-1] == 50
+    assert data.total == 2042  # N_i = randint(10, 200) with NumPy seed 1994 (PAPER-NOTES)
+    assert np.all((data.counts >= 10) & (data.counts < 200))
+
+
+def test_padding_and_pooling():
+    data = from_clients([np.ones((2, 3)), 2 * np.ones((4, 3))])
+    assert data.x.shape == (2, 4, 3) and list(data.counts) == [2, 4]
+    assert np.all(data.x[0, 2:] == 0)
+    pooled = data.pooled()
+    assert pooled.num_clients == 1 and pooled.total == 6
+    with pytest.raises(ValueError, match="no data"):
+        from_clients([np.ones((2, 3)), np.ones((0, 3))])
+    with pytest.raises(ValueError, match="shape"):
+        from_clients([np.ones((2, 3)), np.ones((2, 4))])
+
+
+def test_closed_form_posterior_with_and_without_prior():
+    rng = np.random.default_rng(0)
+    clients = [rng.normal(1.0, 1.0, size=(n, 2)) for n in (5, 9)]
+    data = from_clients(clients)
+    flat = gaussian_mean_posterior(data)
+    allx = np.concatenate(clients)
+    np.testing.assert_allclose(flat.mean, allx.mean(axis=0))
+    assert flat.var == pytest.approx(1 / 14)
+    prior = gaussian_mean_posterior(data, noise_scale=2.0, prior_scale=0.5, prior_mean=1.0)
+    precision = 14 / 4 + 1 / 0.25
+    assert prior.var == pytest.approx(1 / precision)
+    np.testing.assert_allclose(prior.mean, (allx.sum(axis=0) / 4 + 1.0 / 0.25) / precision)
+
+
+def test_expected_norm_matches_monte_carlo():
+    post = GaussianPosterior(mean=np.array([3.0, -1.0, 0.5, 0.0]), var=0.7)
+    draws = np.linalg.norm(post.sample(np.random.default_rng(1), 400_000), axis=1)
+    se = draws.std() / np.sqrt(draws.size)
+    assert abs(draws.mean() - post.expected_norm()) < 5 * se
+
+
+def test_find_mode_recovers_the_posterior_mode_and_the_server_constant():
+    data = heterogeneous_gaussian(num_clients=5, dim=4)
+    for prior in (None, 0.3):
+        model = gaussian_mean(4, prior_scale=prior)
+        mode = gradients.find_mode(model, data)
+        exact = gaussian_mean_posterior(data, prior_scale=prior)
+        np.testing.assert_allclose(mode.theta, exact.mean, atol=1e-4)
+        # at the mode sum_i grad U_i = grad log prior
+        prior_grad = np.zeros(4) if prior is None else -np.asarray(mode.theta) / prior**2
+        residual = np.linalg.norm(np.asarray(mode.client_grad_sum) - prior_grad)
+        assert residual == pytest.approx(mode.gradient_norm, rel=1e-3, abs=1e-4)
+        assert mode.gradient_norm <= 1e-3 * data.total  # BFGS stops at 1e-4 on U / N
+        assert mode.rounds > 0 and mode.bits == 2 * mode.rounds * 5 * 32 * 4
+
+
+def test_subset_indices_are_uniform_subsets():
+    import jax
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 60_000)
+    subsets = np.asarray(jax.jit(jax.vmap(lambda k: gradients.subset_indices(k, 6, 2, 4)))(keys))
+    assert np.all(subsets[:, 2:] == 0)
+    pairs = np.sort(subsets[:, :2], axis=1)
+    assert np.all(pairs[:, 0] < pairs[:, 1]) and pairs.max() < 6
+    counts = np.unique(pairs[:, 0] * 6 + pairs[:, 1], return_counts=True)[1]
+    assert counts.size == 15  # all binom(6, 2) subsets
+    expected = keys.shape[0] / 15
+    chi2 = np.sum((counts - expected) ** 2 / expected)
+    assert chi2 < 14 + 5 * np.sqrt(2 * 14)  # 14 degrees of freedom, 5 sd
+
+
+def test_ula_stationary_law_and_running_mse():
+    post = GaussianPosterior(mean=np.zeros(3), var=0.01)
+    ula = stationary_ula_posterior(post, 0.01)  # gamma L = 1: twice the variance
+    assert ula.var == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="unstable"):
+        stationary_ula_posterior(post, 0.02)
+    stats = np.array([[1.0, 3.0], [2.0, 2.0]])
+    ends, mse = running_mse(stats, 2.0, 2)
+    assert list(ends) == [1, 2]
+    np.testing.assert_allclose(mse, [0.5, 0.0])
