@@ -61,21 +61,31 @@ def subset_indices(key, count, n, k: int):
     """A uniformly random ``n``-subset of ``{0, ..., count - 1}`` by Floyd's algorithm.
 
     Returns ``k >= n`` indices whose first ``n`` are the subset (distinct; in no particular
-    order) and whose rest are 0. Draws ``k`` uniforms, not ``count``: step ``t`` draws
-    ``r`` uniform in ``{0, ..., j}`` with ``j = count - n + t`` and keeps ``r``, or ``j`` if
-    ``r`` was already chosen (Bentley and Floyd, CACM 1987). Every subset has probability
-    ``1 / binom(count, n)``.
+    order) and whose rest are 0. Floyd (Bentley and Floyd, CACM 1987): for
+    ``t = 0, ..., n - 1`` with ``j_t = count - n + t``, draw ``r_t`` uniform in ``{0, ..., j_t}``
+    and choose ``c_t = r_t``, or ``j_t`` if ``r_t`` was already chosen. Every subset has
+    probability ``1 / binom(count, n)``, from ``k`` uniforms instead of ``count`` sort keys.
+
+    The sequential rule is solved as a fixed point, all ``t`` at once: ``c = F(c)`` with
+    ``F(c)_t = j_t if r_t in {c_s : s < t} else r_t``. Iterating from ``c = r`` fixes
+    ``c_0, ..., c_m`` after ``m`` steps and stops when nothing changes, at the unique fixed
+    point, which is Floyd's output; collisions are rare, so it takes a few vectorised steps
+    instead of ``k`` sequential ones.
     """
     u = jax.random.uniform(key, (k,))
-    chosen = jnp.full((k,), -1, jnp.int32)
-    count = jnp.asarray(count, jnp.int32)
-    n = jnp.asarray(n, jnp.int32)
-    for t in range(k):
-        j = count - n + t
-        r = jnp.minimum((u[t] * (j + 1).astype(jnp.float32)).astype(jnp.int32), j)
-        pick = jnp.where(jnp.any(chosen == r), j, r)
-        chosen = chosen.at[t].set(jnp.where(t < n, pick, 0))
-    return chosen
+    t = jnp.arange(k, dtype=jnp.int32)
+    j = jnp.asarray(count, jnp.int32) - jnp.asarray(n, jnp.int32) + t
+    r = jnp.minimum((u * (j + 1).astype(jnp.float32)).astype(jnp.int32), j)
+    earlier = t[None, :] < t[:, None]  # [t, s]: s < t
+
+    def step(state):
+        chosen, _ = state
+        taken = jnp.any((chosen[None, :] == r[:, None]) & earlier, axis=1)
+        new = jnp.where(taken, j, r)
+        return new, jnp.any(new != chosen)
+
+    chosen, _ = jax.lax.while_loop(lambda state: state[1], step, (r, jnp.asarray(True)))
+    return jnp.where(t < n, chosen, 0)
 
 
 def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray):
