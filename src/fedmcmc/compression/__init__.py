@@ -2,8 +2,9 @@
 
 * :func:`identity` -- no compression, float32 on the wire (:func:`encode_dense`).
 * :func:`quantization` -- the stochastic quantiser ``C^(s)`` of QSGD (Alistarh et al.
-  2017) / QLSD (Vono et al., AISTATS 2022, eq. (4)), Elias-omega coded on the wire
-  (:func:`encode_qsgd`); ``CompressionInfo.bits`` is the exact message length.
+  2017) / QLSD (Vono et al., AISTATS 2022, eq. (4)), Elias-omega or fixed-width coded
+  on the wire (:func:`encode_qsgd`); ``CompressionInfo.bits`` is the exact message
+  length.
 * :func:`resolve_compressor` -- build a compressor from a configuration value.
 
 Note: the names :func:`identity` and :func:`quantization` shadow the submodules of the

@@ -235,8 +235,10 @@ def quantization(levels) -> Compressor:
         ``init(v_like, index=0) -> QuantizationState`` picks client ``index``'s level
         (``index`` may be traced); ``apply(key, v, state) -> (v_hat, state,
         CompressionInfo(bits))`` with ``v_hat = dequantize(*quantize(key, v, s), s)`` in
-        ``v``'s float dtype and ``bits = qsgd_encoded_bits(signed_levels)``, the exact
-        unpadded size of :func:`~fedmcmc.compression.encode_qsgd`'s message;
+        ``v``'s float dtype and ``bits = qsgd_encoded_bits(signed_levels, s)``, the
+        exact unpadded size of the message ``encode_qsgd(norm, signed_levels, s)`` (the
+        client's ``s`` enables the fixed-width body, so the receiver decodes with
+        ``decode_qsgd(data, d, s=s)``);
         ``omega(d)`` is a float for a single level, a numpy array ``[num_clients]`` for
         per-client levels.
 
@@ -270,7 +272,7 @@ def quantization(levels) -> Compressor:
         v_hat = dequantize(norm, signed_levels, state.levels)
         if jnp.issubdtype(v.dtype, jnp.floating):
             v_hat = v_hat.astype(v.dtype)
-        bits = qsgd_encoded_bits(signed_levels.reshape(-1))
+        bits = qsgd_encoded_bits(signed_levels.reshape(-1), state.levels)
         return v_hat, state, CompressionInfo(bits=bits)
 
     def omega(d: int):
