@@ -20,6 +20,7 @@ import json
 import os
 import time
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -122,14 +123,14 @@ def _select(mask, new, old):
 _BUILT: "OrderedDict[tuple, tuple]" = OrderedDict()
 
 
-def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None):
+def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, num_devices: int = 1):
     """Compiled init and chunk functions, cached so repeated runs of the same sampler on the
     same data (chunks, resumes, benchmarks) do not compile again."""
-    key = (sampler, id(data.x), id(data.counts), statistic)
+    key = (sampler, id(data.x), id(data.counts), statistic, num_devices)
     if key in _BUILT:
         _BUILT.move_to_end(key)
         return _BUILT[key][1]
-    built = _compile(sampler, data, statistic)
+    built = _jit_over_devices(*_compile(sampler, data, statistic), num_devices)
     _BUILT[key] = (data, built)  # holding data keeps the ids valid
     if len(_BUILT) > 16:
         _BUILT.popitem(last=False)
@@ -183,30 +184,51 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
             return carry, (carry.server_state.position, w, stats)
 
         carry, (positions, windows, stats) = jax.lax.scan(draw, carry, jnp.arange(num_draws))
-        return carry, positions, windows, stats
+        # chains first everywhere, so that every output can be split by chain
+        chains_first = jax.tree_util.tree_map(lambda a: jnp.swapaxes(a, 0, 1), (positions, windows))
+        if stats is not None:
+            stats = jnp.moveaxis(stats, 2, 0)  # [chains, draws, thinning, ...]
+        return carry, *chains_first, stats
 
     def statistic_values(carry):
         if statistic is None:
             return None
         return jax.vmap(statistic)(carry.server_state.position)
 
-    init = jax.jit(jax.vmap(chain_init))
-    chunk = jax.jit(run_chunk, static_argnums=(3, 4))
-    return init, chunk
+    return jax.vmap(chain_init), run_chunk
 
 
-def _spread_over_devices(tree, num_chains: int):
-    """Place chains evenly on the local devices (one per CPU core, see ``fedmcmc._xla``).
+def _jit_over_devices(init, run_chunk, num_devices: int):
+    """Jit ``init`` and ``run_chunk``, splitting the chains over ``num_devices`` devices.
 
-    Chains are independent, so XLA partitions the vectorised program without any
-    communication. Used when ``num_chains`` is a multiple of the device count."""
-    devices = jax.local_devices()
-    if len(devices) == 1 or num_chains % len(devices):
-        return tree
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    Chains are independent: with ``shard_map`` each device runs the whole program on its own
+    chains, data-dependent loops (Floyd's fixed point) included, with no communication."""
+    if num_devices == 1:
+        return jax.jit(init), jax.jit(run_chunk, static_argnums=(3, 4))
+    from jax.sharding import Mesh, PartitionSpec as P
 
-    sharding = NamedSharding(Mesh(np.array(devices), ("chains",)), PartitionSpec("chains"))
-    return jax.device_put(tree, sharding)
+    mesh = Mesh(np.array(jax.local_devices()[:num_devices]), ("chains",))
+
+    def split(f, in_specs):
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=P("chains"), check_vma=False)
+
+    @jax.jit
+    def sharded_init(keys, theta0):
+        return split(init, (P("chains"), P("chains")))(keys, theta0)
+
+    @partial(jax.jit, static_argnums=(3, 4))
+    def sharded_chunk(keys, carry, k0, num_draws, thinning):
+        local = lambda kk, cc, k: run_chunk(kk, cc, k, num_draws, thinning)  # noqa: E731
+        return split(local, (P("chains"), P("chains"), P()))(keys, carry, k0)
+
+    return sharded_init, sharded_chunk
+
+
+def _num_devices(num_chains: int) -> int:
+    """Local devices to spread chains over (one per CPU core, see ``fedmcmc._xla``): all of
+    them when they divide ``num_chains``, else one."""
+    n = len(jax.local_devices())
+    return n if n > 1 and num_chains % n == 0 else 1
 
 
 def _fingerprint(**settings) -> str:
@@ -270,7 +292,8 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
     if resume and out_dir is None:
         raise ValueError("resume needs out_dir, the folder of the interrupted run")
 
-    init, chunk = _build(sampler, data, statistic)
+    devices = _num_devices(num_chains)
+    init, chunk = _build(sampler, data, statistic, devices)
     try:
         keys_shape = jax.ShapeDtypeStruct((num_chains, 2), jnp.uint32)
         carry_shape = jax.eval_shape(init, keys_shape, theta0)
@@ -280,8 +303,7 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
                          f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
     chain_keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed),
                                                          jnp.arange(num_chains, dtype=jnp.uint32))
-    chain_keys = _spread_over_devices(chain_keys, num_chains)
-    carry = _spread_over_devices(init(chain_keys, theta0), num_chains)
+    carry = init(chain_keys, theta0)
     leaves, treedef = jax.tree_util.tree_flatten(carry)
     fingerprint = _fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,
                                d=int(theta0.shape[1]), chains=num_chains, iterations=num_iterations,
@@ -300,7 +322,6 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
                 raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
                                  "use another --out folder or drop --resume")
             carry = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(saved[f"leaf{i}"]) for i in range(len(leaves))])
-            carry = _spread_over_devices(carry, num_chains)
             done, wall = int(saved["done"]), float(saved["wall"])
             for i in range(int(saved["num_chunks"])):
                 with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
@@ -326,21 +347,21 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
             positions = np.asarray(positions)
             wall += time.perf_counter() - start
             if not np.all(np.isfinite(positions)):
-                bad = ~np.all(np.isfinite(positions), axis=-1)  # [draws, chains]
-                first = int(np.argmax(bad.any(axis=1)))
-                raise DivergenceError(done + (first + 1) * thinning, np.flatnonzero(bad.any(axis=0)).tolist())
+                bad = ~np.all(np.isfinite(positions), axis=-1)  # [chains, draws]
+                first = int(np.argmax(bad.any(axis=0)))
+                raise DivergenceError(done + (first + 1) * thinning, np.flatnonzero(bad.any(axis=1)).tolist())
             # Only what is kept goes to disk: draws and statistics after burn-in, bit counts always.
             kept_draws = done + np.arange(1, length // thinning + 1) * thinning > burn_in
             piece = {
-                "positions": np.swapaxes(positions[kept_draws], 0, 1),
-                "up": _total(windows.up_hi, windows.up_lo).T,
-                "down": _total(windows.down_hi, windows.down_lo).T,
-                "active": np.asarray(windows.active).T,
+                "positions": positions[:, kept_draws],
+                "up": _total(windows.up_hi, windows.up_lo),
+                "down": _total(windows.down_hi, windows.down_lo),
+                "active": np.asarray(windows.active),
             }
             if statistic is not None:
-                s = np.asarray(stats)  # [draws, thinning, chains, ...]
-                s = s.reshape((length, num_chains) + s.shape[3:])
-                piece["stats"] = np.swapaxes(s[done + np.arange(1, length + 1) > burn_in], 0, 1)
+                s = np.asarray(stats)  # [chains, draws, thinning, ...]
+                s = s.reshape((num_chains, length) + s.shape[3:])
+                piece["stats"] = s[:, done + np.arange(1, length + 1) > burn_in]
             pieces.append(piece)
             done += length
             if chunk_dir is not None:
