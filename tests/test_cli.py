@@ -129,8 +129,10 @@ def test_missing_and_malformed_files(tmp_path):
     assert_one_line_error(fedmcmc("run", partial), "[sampler]")
 
 
-def test_unknown_experiment():
+def test_unknown_experiment_and_bad_overrides():
     assert_one_line_error(fedmcmc("reproduce", "no-such-study"), "unknown experiment", "fedmcmc list")
+    assert_one_line_error(fedmcmc("reproduce", "qlsd-toy-gaussian", "--set", "gamma=1"), "KEY one of", "step_size")
+    assert_one_line_error(fedmcmc("reproduce", "qlsd-toy-gaussian", "--set", "step_size=-1"), "step_size must be > 0")
 
 
 def test_divergence_names_the_step_size_to_lower(tmp_path):

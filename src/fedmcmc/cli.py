@@ -29,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, default=None, help="output folder (default results/NAME)")
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting of the study, e.g. --set step_size=4.9e-6")
     r.add_argument("--no-progress", action="store_true")
     c = sub.add_parser("run", help="run a sampler described in a TOML file")
     c.add_argument("config", type=Path)
@@ -65,7 +67,7 @@ def _main(args) -> int:
         module = experiments.get(args.name)
         out = args.out or Path("results") / (args.name + ("-quick" if args.quick else ""))
         payload = module.run(out, quick=args.quick, seed=args.seed, progress=not args.no_progress,
-                             resume=args.resume)
+                             resume=args.resume, settings=_overrides(args.set, module))
         print(f"wrote {out}/results.json, {out}/posterior.nc and figures ({payload['wall_seconds']:.0f} s)")
         return 0
     if args.command == "run":
@@ -105,6 +107,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("fedmcmc: interrupted; rerun with --resume to continue from the last chunk\n")
         return 130
+
+
+def _overrides(pairs: list[str], module) -> dict:
+    """Parse ``--set KEY=VALUE`` pairs against the study's own settings (numbers only)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in module.FULL:
+            raise ValueError(f"--set {pair!r}: use KEY=VALUE with KEY one of {', '.join(sorted(module.FULL))}")
+        kind = type(module.FULL[key])
+        try:
+            number = float(value)
+            out[key] = int(number) if kind is int and number.is_integer() else kind(number)
+        except ValueError:
+            raise ValueError(f"--set {pair!r}: {key} must be a number") from None
+        if key == "step_size" and not out[key] > 0:
+            raise ValueError(f"--set {pair!r}: step_size must be > 0")
+    return out
 
 
 def _step_size_hint(args):
