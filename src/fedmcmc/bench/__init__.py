@@ -9,10 +9,14 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from fedmcmc import gradients, io
@@ -39,16 +43,34 @@ def _rate(sampler, data, chains, iterations, repeats=3) -> float:
     return chains * iterations / best
 
 
-def run(out: Path, quick: bool = False) -> dict:
+def _toy():
     data = heterogeneous_gaussian()
     model = gaussian_mean(data.x.shape[-1])
     batch = np.maximum(np.asarray(data.counts) // 10, 1)
-    mode = gradients.find_mode(model, data)
+    return data, model, batch, gradients.find_mode(model, data)
+
+
+def qlsd_star_rate(chains: int, iters: int) -> float:
+    data, model, batch, mode = _toy()
+    return _rate(qlsd_star(model, STEP, mode, batch, quantization(LEVELS)), data, chains, iters)
+
+
+def _rate_on_one_core(chains: int, iters: int) -> float:
+    """The same measurement in a fresh process with a single XLA CPU device."""
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1"}
+    code = f"from fedmcmc.bench import qlsd_star_rate; print(qlsd_star_rate({chains}, {iters}))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def run(out: Path, quick: bool = False) -> dict:
+    data, model, batch, mode = _toy()
     iters = 2_000 if quick else 10_000
     numpy_iters = 500 if quick else 3_000
 
     ours = _rate(qlsd_star(model, STEP, mode, batch, quantization(LEVELS)), data, 30, iters)
     ours_one = _rate(qlsd_star(model, STEP, mode, batch, quantization(LEVELS)), data, 1, iters)
+    ours_one_core = _rate_on_one_core(30, iters)
     clients = [data.unpadded(i).astype(np.float64) for i in range(data.num_clients)]
     rng = np.random.default_rng(0)
     t = time.perf_counter()
@@ -59,14 +81,21 @@ def run(out: Path, quick: bool = False) -> dict:
 
     fed = _rate(qlsd_sharp(model, STEP, batch, identity()), data, 30, iters)
     central = _rate(sgld(model, STEP, int(batch.sum())), data.pooled(), 30, iters)
+    fed_full = _rate(qlsd_sharp(model, STEP, None, identity()), data, 30, iters)
+    central_full = _rate(sgld(model, STEP, None), data.pooled(), 30, iters)
     payload = {
         "quick": quick,
         "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "qlsd_star_chain_iterations_per_second": {"ours_30_chains": ours, "ours_1_chain": ours_one,
-                                                   "numpy_reference_1_chain": numpy_rate},
+        "cpu_devices": len(jax.local_devices()),
+        "qlsd_star_chain_iterations_per_second": {"ours_30_chains": ours, "ours_30_chains_one_core": ours_one_core,
+                                                   "ours_1_chain": ours_one, "numpy_reference_1_chain": numpy_rate},
         "speedup_vs_numpy": ours / numpy_rate,
+        "speedup_vs_numpy_one_core": ours_one_core / numpy_rate,
         "federation": {"qlsd_identity_chain_iterations_per_second": fed,
-                       "sgld_same_total_minibatch_chain_iterations_per_second": central},
+                       "sgld_same_total_minibatch_chain_iterations_per_second": central,
+                       "qlsd_identity_full_batch_chain_iterations_per_second": fed_full,
+                       "ula_full_batch_chain_iterations_per_second": central_full,
+                       "overhead_full_batch": central_full / fed_full},
         "federation_overhead": central / fed,
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},

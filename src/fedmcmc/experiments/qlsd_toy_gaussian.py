@@ -125,15 +125,17 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     }
     io.write_json(out / "results.json", payload)
     io.write_posterior(out / "posterior.nc", results, attrs={"experiment": NAME, "quick": quick})
-    plot(out / "mse_vs_bits.png", methods, quick)
+    plot(out / "mse_vs_bits.png", methods, quick, floor=(ula.expected_norm() - truth) ** 2)
     return payload
 
 
-def plot(path: Path, methods: dict, quick: bool):
+def plot(path: Path, methods: dict, quick: bool, floor: float):
     fig, ax = io.new_figure(figsize=(6, 4))
     for label, m in methods.items():
         ax.loglog(m["curve"]["upload_bits"], m["curve"]["mse"], label=label,
                   linestyle="--" if label.startswith("QLSD#") else "-")
+    ax.axhline(floor, color="k", linestyle=":", linewidth=1,
+               label="bias$^2$ of full-gradient ULA at this step size")
     ax.set_xlabel("bits uploaded per chain")
     ax.set_ylabel("MSE of the estimate of E||theta||")
     ax.set_title("QLSD toy Gaussian" + (" (quick)" if quick else ""))
