@@ -80,6 +80,24 @@ def test_subset_indices_are_uniform_subsets():
     assert chi2 < 14 + 5 * np.sqrt(2 * 14)  # 14 degrees of freedom, 5 sd
 
 
+@pytest.mark.parametrize("count, n, k", [(30, 10, 12), (2042, 40, 40), (50, 50, 50)])
+def test_subset_indices_equal_sequential_floyd(count, n, k):
+    """Both vectorised paths (bitmask for k <= 24, fixed point above) give Floyd's output."""
+    import jax
+
+    keys = jax.random.split(jax.random.PRNGKey(7), 300)
+    ours = np.asarray(jax.jit(jax.vmap(lambda key: gradients.subset_indices(key, count, n, k)))(keys))
+    for key, got in zip(keys, ours):
+        u = np.asarray(jax.random.uniform(key, (k,)))
+        chosen = []
+        for t in range(n):
+            j = count - n + t
+            r = min(int(np.float32(u[t]) * np.float32(j + 1)), j)
+            chosen.append(j if r in chosen else r)
+        assert got[:n].tolist() == chosen
+        assert np.all(got[n:] == 0)
+
+
 def test_ula_stationary_law_and_running_mse():
     post = GaussianPosterior(mean=np.zeros(3), var=0.01)
     ula = stationary_ula_posterior(post, 0.01)  # gamma L = 1: twice the variance
