@@ -41,6 +41,21 @@ def _unroll_threefry_on_cpu() -> bool:
         return False
 
 
+def materialize(x):
+    """Return the integer array ``x`` unchanged, but computed once by the compiler.
+
+    XLA fuses cheap elementwise producers (threefry hashes, stochastic rounding) into every
+    consumer and recomputes them per element there: for a ``[k, k]`` comparison of ``k``
+    random draws that is ``k`` times the random numbers. ``max(x, lowest) == x`` written as a
+    reduction over a trailing axis of size 2 becomes a fusion root, so ``x`` is stored
+    instead. It never changes a value.
+    """
+    import jax.numpy as jnp
+
+    lowest = jnp.full_like(x, jnp.iinfo(x.dtype).min)
+    return jnp.max(jnp.stack([x, lowest], axis=-1), axis=-1)
+
+
 TUNED = os.environ.get("FEDMCMC_XLA_TUNING", "1") != "0"
 if TUNED:
     _set_xla_flags()

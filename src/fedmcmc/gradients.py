@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedmcmc._xla import materialize
 from fedmcmc.base import ClientData, Model
 from fedmcmc.data.federated import FederatedData
 
@@ -78,7 +79,7 @@ def subset_indices(key, count, n, k: int):
     u = jax.random.uniform(key, (k,))
     t = jnp.arange(k, dtype=jnp.int32)
     j = jnp.asarray(count, jnp.int32) - jnp.asarray(n, jnp.int32) + t
-    r = jnp.minimum((u * (j + 1).astype(jnp.float32)).astype(jnp.int32), j)
+    r = materialize(jnp.minimum((u * (j + 1).astype(jnp.float32)).astype(jnp.int32), j))
     earlier = t[None, :] < t[:, None]  # [t, s]: s < t
     same_r = (r[:, None] == r[None, :]) & earlier
     same_j = (r[:, None] == j[None, :]) & earlier
@@ -100,7 +101,7 @@ def subset_indices(key, count, n, k: int):
 
         collided, _ = jax.lax.while_loop(lambda state: state[1], step,
                                          (jnp.zeros((k,), bool), jnp.asarray(True)))
-    return jnp.where(t < n, jnp.where(collided, j, r), 0)
+    return materialize(jnp.where(t < n, jnp.where(collided, j, r), 0))
 
 
 def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray):

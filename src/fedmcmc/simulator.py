@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedmcmc._xla import materialize
 from fedmcmc.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
 
@@ -106,12 +107,6 @@ def _total(hi, lo) -> np.ndarray:
     return np.asarray(hi, np.int64) * (1 << _LO_BITS) + np.asarray(lo, np.int64)
 
 
-def _materialize(x):
-    """``x`` unchanged, but stored once: XLA otherwise fuses cheap producers (the threefry
-    hashes of the clients' keys) into every consumer and recomputes them per element."""
-    return jnp.max(jnp.stack([x, jnp.zeros_like(x)], axis=-1), axis=-1)
-
-
 def _select(mask, new, old):
     def pick(n, o):
         m = mask.reshape(mask.shape + (1,) * (n.ndim - mask.ndim))
@@ -152,7 +147,7 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
     def chain_round(chain_key, carry: _Carry, k):
         round_key = jax.random.fold_in(chain_key, k + 1)
         mask = sampler.participation.sample(jax.random.fold_in(round_key, b + 1), b)
-        keys = _materialize(jax.vmap(jax.random.fold_in, (None, 0))(round_key, ids))
+        keys = materialize(jax.vmap(jax.random.fold_in, (None, 0))(round_key, ids))
         new_cs, uploads, cinfo = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
             keys, carry.client_states, carry.broadcast, clients, k)
         client_states = _select(mask, new_cs, carry.client_states)

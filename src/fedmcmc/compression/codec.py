@@ -61,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fedmcmc._xla import materialize
 from fedmcmc.types import Array
 
 __all__ = [
@@ -303,20 +304,6 @@ def elias_omega_length(n: Array) -> Array:
 # --------------------------------------------------------------------------------------
 
 
-def _materialize(x: Array) -> Array:
-    """Return ``x`` unchanged (int32), computed once by the compiler.
-
-    ``max(x, INT32_MIN) == x`` exactly, but written as a reduction over a trailing axis
-    of size 2 it becomes a fusion root, so XLA stores ``x`` instead of re-computing its
-    whole producer chain (e.g. the stochastic rounding of :func:`quantize`) inside each
-    of the several consumer fusions of :func:`qsgd_encoded_bits`. This makes a fused
-    ``quantize`` + :func:`qsgd_encoded_bits` markedly cheaper on CPU; it never changes
-    values.
-    """
-    floor = jnp.full_like(x, jnp.iinfo(jnp.int32).min)
-    return jnp.max(jnp.stack([x, floor], axis=-1), axis=-1)
-
-
 def _check_num_levels(s) -> int:
     """``s`` as a Python int in ``[1, MAX_NUM_LEVELS]``, else :class:`ValueError`."""
     if isinstance(s, (bool, np.bool_)):
@@ -434,7 +421,7 @@ def qsgd_encoded_bits(signed_levels: Array, s=None) -> Array:
 
 def _elias_body_bits(levels: Array) -> tuple[Array, Array]:
     """Lengths in bits of the sparse and dense bodies of ``levels [..., d]`` (int32)."""
-    mag = _materialize(jnp.abs(levels.astype(jnp.int32)))
+    mag = materialize(jnp.abs(levels.astype(jnp.int32)))
     nonzero = mag != 0
     nz = nonzero.astype(jnp.int32)
     dense = jnp.sum(elias_omega_length(mag + 1) + nz, axis=-1)
