@@ -124,6 +124,9 @@ def test_missing_and_malformed_files(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[sampler\nname = 'qlsd'")
     assert_one_line_error(fedmcmc("run", bad), "not valid TOML")
+    typo = tmp_path / "typo.toml"
+    typo.write_text(write_config(tmp_path / "c.toml").read_text().replace("num_clients = 5", "num_clients = 'five'"))
+    assert_one_line_error(fedmcmc("run", typo), "num_clients must be")
     partial = tmp_path / "partial.toml"
     partial.write_text("[problem]\nname = 'heterogeneous-gaussian'\n")
     assert_one_line_error(fedmcmc("run", partial), "[sampler]")

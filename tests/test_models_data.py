@@ -1,6 +1,5 @@
 """Data containers, the toy problem, closed forms and the mode finder."""
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -106,6 +106,11 @@ def build(cfg: dict) -> dict[str, Any]:
     """Turn a validated config into data, model, sampler and run settings."""
     p = dict(cfg["problem"])
     p.pop("name")
+    for key, value in p.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"[problem] {key} must be a non-negative number (got {value!r})")
+    if p.get("min_size", 10) >= p.get("max_size", 200) or p.get("num_clients", 20) < 1 or p.get("dim", 50) < 1:
+        raise ConfigError("[problem] needs num_clients >= 1, dim >= 1 and min_size < max_size")
     data = heterogeneous_gaussian(**p)
     model = gaussian_mean(data.x.shape[-1])
     exact = gaussian_mean_posterior(data)
@@ -118,6 +123,9 @@ def build(cfg: dict) -> dict[str, Any]:
     batch = s.pop("batch_size", None)
     if fraction is not None:
         batch = np.maximum((np.asarray(data.counts) * fraction).astype(int), 1)
+    elif batch is not None and np.size(batch) not in (1, data.num_clients):
+        raise ConfigError(f"batch_size has {np.size(batch)} entries for {data.num_clients} clients; "
+                          "give one number, or one per client")
     compressor = resolve_compressor(s.pop("compression", None))
     part = resolve_participation(s.pop("participation", None))
     refresh = s.pop("refresh_every", 100)

@@ -12,7 +12,7 @@ than ``lax.top_k`` over ``N_i`` keys for the toy problem).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,15 +46,14 @@ def local_gradient(model: Model, theta, client_data: ClientData):
     return weighted_potential_grad(model, theta, client_data.x, valid_weights(client_data.count, n_max))
 
 
-def resolve_batch_sizes(batch_size, num_clients: int | None = None) -> np.ndarray | None:
-    """Validate a batch size given as None (full batch), an int, or one int per client."""
+def resolve_batch_sizes(batch_size) -> np.ndarray | None:
+    """Validate a batch size given as None (full batch), an int, or one int per client
+    (indexed by client index, so it must have one entry per client)."""
     if batch_size is None:
         return None
     sizes = np.atleast_1d(np.asarray(batch_size))
     if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or np.any(sizes < 1):
         raise ValueError(f"batch_size must be a positive integer or one per client (got {batch_size!r})")
-    if num_clients is not None and sizes.size not in (1, num_clients):
-        raise ValueError(f"batch_size has {sizes.size} entries but there are {num_clients} clients")
     return sizes.astype(np.int32)
 
 
