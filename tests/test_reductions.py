@@ -163,5 +163,11 @@ def test_bad_settings_are_rejected_with_clear_messages():
         qlsd_sharp(MODEL, GAMMA, 0)
     with pytest.raises(ValueError, match="multiple of thinning"):
         simulate(0, qlsd_sharp(MODEL, GAMMA), DATA, THETA0, 10, thinning=3)
+    with pytest.raises(ValueError, match="per-client settings for 3 clients but the data has 4"):
+        simulate(0, qlsd_sharp(MODEL, GAMMA, [2, 3, 4]), DATA, THETA0, 10)
+    with pytest.raises(ValueError, match="different lengths"):
+        qlsd_sharp(MODEL, GAMMA, [2, 3, 4, 5], quantization([4, 8]))
+    with pytest.raises(ValueError, match="different lengths"):
+        qlsd_pp(MODEL, GAMMA, None, identity(), participation.bernoulli([0.5, 0.5, 0.5]), memory_rate=[0.5, 0.5])
     with pytest.raises(ValueError, match="theta0"):
         simulate(0, qlsd_sharp(MODEL, GAMMA), DATA, np.zeros(7), 10)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
+
 from fedmcmc.types import Array
 
 
@@ -112,12 +114,15 @@ class Participation(NamedTuple):
         waits); if False, the likelihood term of that round is zero.
     name
         Short name used in outputs.
+    num_clients
+        The number of clients its per-client settings are for (None if it has none).
     """
 
     sample: Callable[[Array, int], Array]
     weights: Callable[[Array], Array]
     pause_when_empty: bool = False
     name: str = "participation"
+    num_clients: int | None = None
 
 
 class FederatedSampler(NamedTuple):
@@ -141,6 +146,10 @@ class FederatedSampler(NamedTuple):
         The participation scheme the server uses to draw ``mask``.
     name
         Short name used in outputs.
+    num_clients
+        The number of clients its per-client settings (batch sizes, quantisation levels,
+        participation probabilities) are for, or None; the runtime checks it against the data,
+        since a per-client value is looked up by client index.
     """
 
     init: Callable[..., tuple]
@@ -149,3 +158,20 @@ class FederatedSampler(NamedTuple):
     server_step: Callable[..., tuple]
     participation: Participation
     name: str = "sampler"
+    num_clients: int | None = None
+
+
+def per_client_count(*settings, known=()) -> int | None:
+    """The number of clients that per-client settings are for.
+
+    ``settings`` are values that are either the same for every client (a scalar or None) or
+    given per client (an array with more than one entry); ``known`` are client counts
+    already established (ints, or None). Returns their common value, or None if nothing is
+    per client; different lengths raise ValueError.
+    """
+    lengths = {int(np.size(x)) for x in settings if x is not None and np.size(x) > 1}
+    lengths |= {int(n) for n in known if n}
+    if len(lengths) > 1:
+        raise ValueError(f"per-client settings have different lengths {sorted(lengths)}; "
+                         "give one value per client for each")
+    return lengths.pop() if lengths else None

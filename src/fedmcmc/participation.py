@@ -75,7 +75,8 @@ def bernoulli(probs: float | Sequence[float], scaling: str = "active") -> Partic
             return mask.astype(jnp.float32) / jnp.broadcast_to(p32, mask.shape)
 
     label = f"bernoulli(p={p.tolist() if p.size > 1 else float(p[0])}, {scaling})"
-    return Participation(sample, weights, pause_when_empty=(scaling == "active"), name=label)
+    return Participation(sample, weights, pause_when_empty=(scaling == "active"), name=label,
+                         num_clients=p.size if p.size > 1 else None)
 
 
 def resolve_participation(spec) -> Participation:

@@ -284,6 +284,9 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         theta0 = jnp.broadcast_to(theta0, (num_chains,) + theta0.shape)
     if theta0.ndim != 2 or theta0.shape[0] != num_chains:
         raise ValueError(f"theta0 must have shape [d] or [num_chains, d] (got {tuple(theta0.shape)})")
+    if sampler.num_clients not in (None, data.num_clients):
+        raise ValueError(f"the sampler has per-client settings for {sampler.num_clients} clients but the data "
+                         f"has {data.num_clients}; give one value per client")
     if resume and out_dir is None:
         raise ValueError("resume needs out_dir, the folder of the interrupted run")
 

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fedmcmc import gradients, participation as participation_lib
-from fedmcmc.base import FederatedSampler, Model, Participation
+from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
 from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo, check_step_size,
                                      float_bits, langevin_update, server_step_size)
@@ -43,7 +43,7 @@ class QLSDClientState(NamedTuple):
 
 
 def qlsd(model: Model, step_size, oracle, compressor=None, participation: Participation | None = None,
-         server_constant=None, name: str = "qlsd") -> FederatedSampler:
+         server_constant=None, name: str = "qlsd", num_clients: int | None = None) -> FederatedSampler:
     """Build QLSD with any stochastic-gradient oracle.
 
     Parameters
@@ -60,6 +60,8 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
         Participation scheme (full if None).
     server_constant
         Vector ``c`` added to the aggregated gradient by the server.
+    num_clients
+        The number of clients that per-client settings inside ``oracle`` are for, if any.
     """
     step_size = check_step_size(step_size)
     compressor = identity() if compressor is None else compressor
@@ -90,14 +92,15 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
         new = participation_lib.hold_if_empty(participation, mask, QLSDState(position), server_state)
         return new, Broadcast(new.position), ServerInfo(step_size=gamma, broadcast_bits=float_bits(new.position))
 
-    return FederatedSampler(init, client_init, client_step, server_step, participation, name)
+    clients = per_client_count(compressor.omega(model.dim), known=(num_clients, participation.num_clients))
+    return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients)
 
 
 def qlsd_sharp(model: Model, step_size, batch_size=None, compressor=None, participation=None,
                name: str = "qlsd#") -> FederatedSampler:
     """QLSD# : QLSD with minibatches of ``n_i`` points drawn without replacement by each client."""
     return qlsd(model, step_size, gradients.minibatch_gradient(model, batch_size), compressor,
-                participation, name=name)
+                participation, name=name, num_clients=per_client_count(batch_size))
 
 
 def qlsd_star(model: Model, step_size, mode: gradients.ModeResult, batch_size=None, compressor=None,
@@ -110,7 +113,8 @@ def qlsd_star(model: Model, step_size, mode: gradients.ModeResult, batch_size=No
     """
     oracle = gradients.control_variate_gradient(model, mode.theta, batch_size)
     return qlsd(model, step_size, oracle, compressor, participation,
-                server_constant=jnp.asarray(mode.client_grad_sum, jnp.float32), name=name)
+                server_constant=jnp.asarray(mode.client_grad_sum, jnp.float32), name=name,
+                num_clients=per_client_count(batch_size))
 
 
 def lsd_star(model: Model, step_size, mode: gradients.ModeResult, batch_size=None, participation=None,

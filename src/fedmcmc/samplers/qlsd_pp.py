@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc import gradients, participation as participation_lib
-from fedmcmc.base import FederatedSampler, Model, Participation
+from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
 from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo, check_step_size,
                                      float_bits, langevin_update, server_step_size)
@@ -124,7 +124,8 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
                           new_memory)
         return new, Broadcast(new.position), ServerInfo(step_size=gamma, broadcast_bits=float_bits(new.position))
 
-    return FederatedSampler(init, client_init, client_step, server_step, participation, name)
+    clients = per_client_count(sizes, compressor.omega(model.dim), alpha, known=(participation.num_clients,))
+    return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients)
 
 
 def lsd_pp(model: Model, step_size, batch_size=None, participation=None, refresh_every: int = 100,
