@@ -68,6 +68,8 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     cfg.update(settings or {})
     if seed is not None:
         cfg["seed"] = seed
+    if not 0 < cfg["keep"] <= cfg["num_iterations"]:
+        raise ValueError(f"keep ({cfg['keep']}) must lie in (0, num_iterations = {cfg['num_iterations']}]")
     out = Path(out)
     started = time.perf_counter()
 
