@@ -116,26 +116,35 @@ def _overrides(pairs: list[str], module) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or key not in module.FULL:
             raise ValueError(f"--set {pair!r}: use KEY=VALUE with KEY one of {', '.join(sorted(module.FULL))}")
-        kind = type(module.FULL[key])
         try:
             number = float(value)
-            out[key] = int(number) if kind is int and number.is_integer() else kind(number)
         except ValueError:
             raise ValueError(f"--set {pair!r}: {key} must be a number") from None
+        if isinstance(module.FULL[key], int):
+            if not number.is_integer():
+                raise ValueError(f"--set {pair!r}: {key} must be an integer")
+            number = int(number)
+        out[key] = number
         if key == "step_size" and not out[key] > 0:
             raise ValueError(f"--set {pair!r}: step_size must be > 0")
     return out
 
 
 def _step_size_hint(args):
-    if getattr(args, "command", None) != "run":
-        return None
     try:
-        from fedmcmc import config
+        if args.command == "run":
+            from fedmcmc import config
 
-        return float(config.load(args.config)["sampler"]["step_size"])
+            return float(config.load(args.config)["sampler"]["step_size"])
+        if args.command == "reproduce":
+            from fedmcmc import experiments
+
+            module = experiments.get(args.name)
+            settings = {**(module.QUICK if args.quick else module.FULL), **_overrides(args.set, module)}
+            return float(settings["step_size"])
     except Exception:  # the hint is optional; the error itself is already known
         return None
+    return None
 
 
 if __name__ == "__main__":
