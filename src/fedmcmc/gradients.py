@@ -68,8 +68,9 @@ def subset_indices(key, count, n, k: int):
 
     Whether step ``t`` collides depends on the earlier steps only through which of them
     collided: ``r_t`` was chosen before iff some ``s < t`` has ``r_t = r_s`` and no collision
-    at ``s``, or ``r_t = j_s`` and a collision at ``s``. Both comparisons are made at once
-    (``O(k^2)``, vectorised); what stays sequential is a chain of bit operations, which XLA
+    at ``s``, or ``r_t = j_s`` and a collision at ``s`` (only ``s = r_t - j_0`` can match). The
+    comparisons are made at once (``O(k^2)``, vectorised); what stays sequential is a chain
+    of bit operations, which XLA
     fuses into one kernel for ``k <= 24`` (bitmasks in a uint32). For larger ``k`` the same
     rule is solved as a fixed point, all ``t`` at once: iterating from "no collision" fixes
     step ``m`` after ``m`` iterations and stops at the unique fixed point, Floyd's output,
@@ -81,12 +82,14 @@ def subset_indices(key, count, n, k: int):
     r = materialize(jnp.minimum((u * (j + 1).astype(jnp.float32)).astype(jnp.int32), j))
     earlier = t[None, :] < t[:, None]  # [t, s]: s < t
     same_r = (r[:, None] == r[None, :]) & earlier
-    same_j = (r[:, None] == j[None, :]) & earlier
+    # r_t = j_s for at most one s, s = r_t - j_0, and it counts only if 0 <= s < t
+    s_of_r = r - j[0]
+    hits_j = (s_of_r >= 0) & (s_of_r < t)
     if k <= 24:
         bit = jnp.left_shift(jnp.uint32(1), t.astype(jnp.uint32))
         zero = jnp.uint32(0)
         mask_r = jnp.sum(jnp.where(same_r, bit[None, :], zero), axis=1, dtype=jnp.uint32)
-        mask_j = jnp.sum(jnp.where(same_j, bit[None, :], zero), axis=1, dtype=jnp.uint32)
+        mask_j = jnp.where(hits_j, jnp.left_shift(jnp.uint32(1), jnp.clip(s_of_r, 0, 31).astype(jnp.uint32)), zero)
         hits = jnp.uint32(0)
         for s in range(k):
             hit = ((mask_r[s] & ~hits) | (mask_j[s] & hits)) != 0
@@ -95,7 +98,7 @@ def subset_indices(key, count, n, k: int):
     else:
         def step(state):
             collided, _ = state
-            new = jnp.any((same_r & ~collided[None, :]) | (same_j & collided[None, :]), axis=1)
+            new = jnp.any(same_r & ~collided[None, :], axis=1) | (hits_j & collided[jnp.clip(s_of_r, 0, k - 1)])
             return new, jnp.any(new != collided)
 
         collided, _ = jax.lax.while_loop(lambda state: state[1], step,
