@@ -123,9 +123,6 @@ def build(cfg: dict) -> dict[str, Any]:
     batch = s.pop("batch_size", None)
     if fraction is not None:
         batch = np.maximum((np.asarray(data.counts) * fraction).astype(int), 1)
-    elif batch is not None and np.size(batch) not in (1, data.num_clients):
-        raise ConfigError(f"batch_size has {np.size(batch)} entries for {data.num_clients} clients; "
-                          "give one number, or one per client")
     compressor = resolve_compressor(s.pop("compression", None))
     part = resolve_participation(s.pop("participation", None))
     refresh = s.pop("refresh_every", 100)
@@ -148,7 +145,7 @@ def build(cfg: dict) -> dict[str, Any]:
         sampler = qlsd_pp(model, step, batch, compressor, part, refresh, memory, memory_rate)
     else:
         sampler = lsd_pp(model, step, batch, part, refresh)
-    return {"data": data, "model": model, "exact": exact, "sampler": sampler, "mode": mode, "step_size": step}
+    return {"data": data, "model": model, "exact": exact, "sampler": sampler, "mode": mode}
 
 
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:

@@ -68,8 +68,9 @@ def run(out: Path, quick: bool = False) -> dict:
     iters = 2_000 if quick else 10_000
     numpy_iters = 500 if quick else 3_000
 
-    ours = _rate(qlsd_star(model, STEP, mode, batch, quantization(LEVELS)), data, 30, iters)
-    ours_one = _rate(qlsd_star(model, STEP, mode, batch, quantization(LEVELS)), data, 1, iters)
+    star = qlsd_star(model, STEP, mode, batch, quantization(LEVELS))
+    ours = _rate(star, data, 30, iters)
+    ours_one = _rate(star, data, 1, iters)
     ours_one_core = _rate_on_one_core(30, iters)
     clients = [data.unpadded(i).astype(np.float64) for i in range(data.num_clients)]
     rng = np.random.default_rng(0)
