@@ -38,6 +38,12 @@ class FederatedData(NamedTuple):
     def total(self) -> int:
         return int(np.sum(np.asarray(self.counts)))
 
+    @property
+    def weights(self) -> np.ndarray:
+        """``w_c = n_c / n``, the clients' shares of the data (float64, sums to 1)."""
+        counts = np.asarray(self.counts, np.float64)
+        return counts / counts.sum()
+
     def client(self, i: int) -> ClientData:
         """The data client ``i`` holds, as it sees it."""
         return ClientData(

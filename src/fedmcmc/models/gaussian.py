@@ -81,3 +81,34 @@ def gaussian_mean_posterior(data: FederatedData, noise_scale: float = 1.0,
     shift = 0.0 if prior_scale is None else prior_mean / prior_scale**2
     mean = var * (total / noise_scale**2 + shift)
     return GaussianPosterior(mean=np.asarray(mean), var=float(var))
+
+
+def gaussian_factors(dim: int) -> Model:
+    """Each datum is a Gaussian factor ``(m, lam)``: log p = -(lam / 2) ||theta - m||^2; flat prior.
+
+    A client holding the factors ``(m_j, lam_j)`` has an isotropic Gaussian local potential;
+    with one factor per client this states "client c's local posterior is N(mu_c, s_c^2 I)"
+    directly (the heterogeneous Gaussian of Liang et al. 2024, Section 5.2), see
+    :func:`fedmcmc.data.synthetic.heterogeneous_local_posteriors`.
+    """
+
+    def log_likelihood(theta, datum):
+        m, lam = datum
+        return -0.5 * lam * jnp.sum((theta - m) ** 2)
+
+    def log_prior(theta):
+        return jnp.zeros((), theta.dtype)
+
+    return Model(log_likelihood, log_prior, dim, name="gaussian-factors")
+
+
+def gaussian_factors_posterior(data: FederatedData) -> GaussianPosterior:
+    """Exact posterior of :func:`gaussian_factors`: precision ``sum lam_j``, mean ``sum lam_j m_j / sum lam_j``."""
+    means, lams = [], []
+    for i in range(data.num_clients):
+        m, lam = data.unpadded(i)
+        means.append(np.asarray(m, np.float64))
+        lams.append(np.asarray(lam, np.float64))
+    m, lam = np.concatenate(means), np.concatenate(lams)
+    precision = float(lam.sum())
+    return GaussianPosterior(mean=(lam[:, None] * m).sum(axis=0) / precision, var=1.0 / precision)
