@@ -110,24 +110,33 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _overrides(pairs: list[str], module) -> dict:
-    """Parse ``--set KEY=VALUE`` pairs against the study's own settings (numbers only)."""
+    """Parse ``--set KEY=VALUE`` pairs against the study's own settings (numbers, or
+    comma-separated numbers for list settings)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or key not in module.FULL:
             raise ValueError(f"--set {pair!r}: use KEY=VALUE with KEY one of {', '.join(sorted(module.FULL))}")
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(f"--set {pair!r}: {key} must be a number") from None
-        if isinstance(module.FULL[key], int):
-            if not number.is_integer():
-                raise ValueError(f"--set {pair!r}: {key} must be an integer")
-            number = int(number)
-        out[key] = number
+        default = module.FULL[key]
+        if isinstance(default, (list, tuple)):
+            out[key] = [_number(pair, key, v, all(isinstance(x, int) for x in default)) for v in value.split(",")]
+        else:
+            out[key] = _number(pair, key, value, isinstance(default, int))
         if key == "step_size" and not out[key] > 0:
             raise ValueError(f"--set {pair!r}: step_size must be > 0")
     return out
+
+
+def _number(pair: str, key: str, value: str, integer: bool):
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"--set {pair!r}: {key} must be a number (or numbers separated by commas)") from None
+    if integer:
+        if not number.is_integer():
+            raise ValueError(f"--set {pair!r}: {key} must be an integer")
+        return int(number)
+    return number
 
 
 def _step_size_hint(args):

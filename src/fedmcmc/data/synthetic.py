@@ -50,19 +50,23 @@ def heterogeneous_local_posteriors(dim: int, num_clients: int = 10, means=(20.0,
     return from_clients(clients)
 
 
-def logistic_regression_data(seed: int = 0, dim: int = 50, num_points: int = 1000, num_clients: int = 20):
+def logistic_regression_data(seed: int = 0, dim: int = 10, num_points: int = 1000, num_clients: int = 20,
+                             feature_scale: float = 0.1):
     """Simulated logistic-regression data split equally over clients (Liang et al. 2024, Section 5.1).
 
     The paper gives the sizes (1,000 points, 20 nodes) but not the generator; ours:
-    ``x ~ N(0, I_d / d)`` (rows of norm about 1), ``theta_true ~ N(0, I_d)``,
-    ``y ~ Bernoulli(sigmoid(x . theta_true))``, shuffled and dealt in equal parts.
+    ``x ~ N(0, feature_scale^2 I_d)``, ``theta_true ~ N(0, I_d)``,
+    ``y ~ Bernoulli(sigmoid(x . theta_true))``, shuffled and dealt in equal parts. With the
+    default scale the posterior precision (with the N(0, I) prior) is about 3, the curvature
+    for which the paper's trajectory length ``K eta = pi / 3`` is a sensible choice; larger
+    scales make the local potentials more heterogeneous (docs/reproductions.md).
     Returns ``(FederatedData, theta_true)``.
     """
     if num_points % num_clients:
         raise ValueError(f"num_points ({num_points}) must be a multiple of num_clients ({num_clients})")
     rng = np.random.default_rng(seed)
     theta = rng.standard_normal(dim)
-    x = rng.standard_normal((num_points, dim)) / np.sqrt(dim)
+    x = feature_scale * rng.standard_normal((num_points, dim))
     y = (rng.random(num_points) < 1.0 / (1.0 + np.exp(-x @ theta))).astype(np.float32)
     parts = np.split(rng.permutation(num_points), num_clients)
     return from_clients([(x[p], y[p]) for p in parts]), theta
