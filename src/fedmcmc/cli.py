@@ -68,7 +68,7 @@ def _main(args) -> int:
         out = args.out or Path("results") / (args.name + ("-quick" if args.quick else ""))
         payload = module.run(out, quick=args.quick, seed=args.seed, progress=not args.no_progress,
                              resume=args.resume, settings=_overrides(args.set, module))
-        print(f"wrote {out}/results.json, {out}/posterior.nc and figures ({payload['wall_seconds']:.0f} s)")
+        print(f"wrote {out}/results.json, posterior draws (.nc) and figures ({payload['wall_seconds']:.0f} s)")
         return 0
     if args.command == "run":
         from fedmcmc import config
@@ -83,7 +83,8 @@ def _main(args) -> int:
 
         payload = run_bench(args.out, quick=args.quick)
         print(f"wrote {args.out}/bench.json: speedup_vs_numpy {payload['speedup_vs_numpy']:.1f}, "
-              f"federation_overhead {payload['federation_overhead']:.2f}")
+              f"federation_overhead {payload['federation_overhead']:.2f}, "
+              f"fa_hmc_overhead {payload['fa_hmc_overhead']:.2f}")
         return 0
     raise AssertionError(args.command)
 

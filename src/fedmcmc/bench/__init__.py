@@ -5,6 +5,9 @@
     NumPy QLSD* that loops over clients every iteration (:mod:`fedmcmc.bench.numpy_reference`).
 (b) ``federation_overhead``: seconds per iteration of our QLSD (identity compression, full
     participation, 20 clients) over our centralised SGLD with the same total minibatch.
+(c) ``fa_hmc_overhead``: per-datum gradient evaluations per second of FA-HMC (20 clients,
+    logistic regression, K = 10, T = 10) against centralised unadjusted HMC on the pooled data
+    with the same K and T, i.e. the same gradient work per round.
 """
 
 from __future__ import annotations
@@ -22,18 +25,19 @@ import numpy as np
 from fedmcmc import gradients, io
 from fedmcmc.bench import numpy_reference
 from fedmcmc.compression import identity, quantization
-from fedmcmc.data.synthetic import heterogeneous_gaussian
+from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
+from fedmcmc.models import logistic_regression
 from fedmcmc.models.gaussian import gaussian_mean
-from fedmcmc.samplers import qlsd_sharp, qlsd_star, sgld
+from fedmcmc.samplers import fa_hmc, qlsd_sharp, qlsd_star, sgld
 from fedmcmc.simulator import simulate
 
 STEP = 4.9e-4
 LEVELS = 16
 
 
-def _rate(sampler, data, chains, iterations, repeats=3) -> float:
+def _rate(sampler, data, chains, iterations, repeats=3, d=None) -> float:
     """Best of ``repeats`` chain-iterations per second, compilation excluded."""
-    d = data.x.shape[-1]
+    d = data.x.shape[-1] if d is None else d
     simulate(0, sampler, data, np.zeros(d), iterations, num_chains=chains, chunk_size=iterations)  # compile
     best = float("inf")
     for r in range(repeats):
@@ -63,6 +67,18 @@ def _rate_on_one_core(chains: int, iters: int) -> float:
     return float(proc.stdout.strip().splitlines()[-1])
 
 
+def fa_hmc_rates(chains: int, rounds: int, num_leapfrog: int = 10, local_steps: int = 10) -> dict:
+    """Per-datum gradient evaluations per second, federated FA-HMC and centralised uHMC."""
+    data, _ = logistic_regression_data(seed=0, dim=10, num_points=1000, num_clients=20)
+    model = logistic_regression(10)
+    work = (local_steps * num_leapfrog + 1) * data.total  # per-datum gradients per round and chain
+    fed = _rate(fa_hmc(model, data.weights, 0.05, num_leapfrog, local_steps), data, chains, rounds, d=10)
+    central = _rate(fa_hmc(model, [1.0], 0.05, num_leapfrog, local_steps), data.pooled(), chains, rounds, d=10)
+    return {"fa_hmc_gradients_per_second": fed * work, "centralised_uhmc_gradients_per_second": central * work,
+            "settings": {"clients": data.num_clients, "points": data.total, "dim": model.dim, "chains": chains,
+                         "rounds": rounds, "num_leapfrog": num_leapfrog, "local_steps": local_steps}}
+
+
 def run(out: Path, quick: bool = False) -> dict:
     data, model, batch, mode = _toy()
     iters = 2_000 if quick else 10_000
@@ -84,6 +100,7 @@ def run(out: Path, quick: bool = False) -> dict:
     central = _rate(sgld(model, STEP, int(batch.sum())), data.pooled(), 30, iters)
     fed_full = _rate(qlsd_sharp(model, STEP, None, identity()), data, 30, iters)
     central_full = _rate(sgld(model, STEP, None), data.pooled(), 30, iters)
+    fa = fa_hmc_rates(20, 20 if quick else 100)
     payload = {
         "quick": quick,
         "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
@@ -98,6 +115,8 @@ def run(out: Path, quick: bool = False) -> dict:
                        "ula_full_batch_chain_iterations_per_second": central_full,
                        "overhead_full_batch": central_full / fed_full},
         "federation_overhead": central / fed,
+        "fa_hmc": fa,
+        "fa_hmc_overhead": fa["centralised_uhmc_gradients_per_second"] / fa["fa_hmc_gradients_per_second"],
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
     }

@@ -119,7 +119,9 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         "wall_seconds": time.perf_counter() - started,
     }
     io.write_json(out / "results.json", payload)
-    io.write_posterior(out / "posterior.nc", kept, attrs={"experiment": NAME, "quick": quick})
+    for label, res in kept.items():  # one file per dimension: ArviZ stores runs of one shape together
+        io.write_posterior(out / "runs" / label.replace("=", "") / "posterior.nc", {label: res},
+                           attrs={"experiment": NAME, "quick": quick})
     plot(out / "rounds_vs_dimension.png", per_d, payload["fit"], cfg, quick)
     return payload
 

@@ -1,0 +1,62 @@
+"""The FA-HMC reproductions run by name, with tiny settings, and write what the docs quote."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from test_cli import ENV, ROOT, assert_one_line_error, fedmcmc
+
+
+def reproduce(tmp_path, name, *sets):
+    env = {**ENV, "FEDMCMC_CACHE": str(tmp_path / "cache")}
+    args = ["reproduce", name, "--quick", "--out", tmp_path / name, "--no-progress"]
+    for s in sets:
+        args += ["--set", s]
+    proc = subprocess.run([sys.executable, "-m", "fedmcmc.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads((tmp_path / name / "results.json").read_text())
+
+
+REFERENCE = ("reference_samples=400", "reference_warmup=300", "reference_chains=2")
+
+
+def test_fahmc_vs_fald(tmp_path):
+    r = reproduce(tmp_path, "fahmc-vs-fald", "step_sizes=0.1,0.3", "tuned_k=3", "rounds=30", "burn_in=10",
+                  "num_chains=4", *REFERENCE)
+    for setting in ("exact", "noisy"):
+        for method in ("FA-HMC", "FA-LD", "De-biased FA-HMC", "Centralised uHMC"):
+            assert 0 < r["best_me"][setting][method] < 5
+    assert {x["num_leapfrog"] for x in r["runs"] if x["method"] == "FA-LD"} == {1}
+    assert (tmp_path / "fahmc-vs-fald" / "me_vs_step_size.png").stat().st_size > 0
+    assert (tmp_path / "fahmc-vs-fald" / "posterior.nc").exists()
+    assert {x["setting"] for x in r["runs"]} == {"exact", "noisy"}
+
+
+def test_fahmc_local_steps(tmp_path):
+    r = reproduce(tmp_path, "fahmc-local-steps", "local_steps=1,3", "rounds=12", "num_chains=4",
+                  "gaussian_local_steps=1,10,200", "gaussian_rounds=1500", *REFERENCE)
+    assert set(r["local_steps"]) == {"1", "3"}
+    g = r["gaussian_exact"]
+    # the exact U-curve: more local steps save rounds until client drift puts the floor above eps
+    assert g["10"]["rounds_to_eps"] < g["1"]["rounds_to_eps"]
+    assert g["200"]["rounds_to_eps"] == "inf" and g["200"]["stationary_w2_squared"] > 0.1
+    assert (tmp_path / "fahmc-local-steps" / "rounds_vs_local_steps.png").exists()
+
+
+def test_fahmc_dimension_sampled_rounds_follow_the_exact_law(tmp_path):
+    r = reproduce(tmp_path, "fahmc-dimension", "dims=1,4", "num_chains=400", "max_rounds=3000")
+    for d in ("1", "4"):
+        v = r["dims"][d]
+        assert np.isfinite(v["rounds"]) and np.isfinite(v["exact_rounds"])
+        assert abs(v["rounds"] - v["exact_rounds"]) <= 0.2 * v["exact_rounds"], v
+    assert r["fit"]["exact"]["slope"] > 0
+    assert (tmp_path / "fahmc-dimension" / "runs" / "d4" / "posterior.nc").exists()
+
+
+def test_list_settings_are_checked():
+    assert_one_line_error(fedmcmc("reproduce", "fahmc-vs-fald", "--set", "step_sizes=0.1,x"), "step_sizes",
+                          "separated by commas")
+    assert_one_line_error(fedmcmc("reproduce", "fahmc-local-steps", "--set", "local_steps=1,2.5"), "integer")
