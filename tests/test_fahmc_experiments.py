@@ -60,3 +60,30 @@ def test_list_settings_are_checked():
     assert_one_line_error(fedmcmc("reproduce", "fahmc-vs-fald", "--set", "step_sizes=0.1,x"), "step_sizes",
                           "separated by commas")
     assert_one_line_error(fedmcmc("reproduce", "fahmc-local-steps", "--set", "local_steps=1,2.5"), "integer")
+
+
+def test_fa_hmc_run_config(tmp_path):
+    out = tmp_path / "o"
+    proc = fedmcmc("run", ROOT / "examples" / "fa_hmc.toml", "--out", out, "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads((out / "results.json").read_text())
+    assert r["sampler"] == "fa-hmc"
+    # de-biased FA-HMC on the Section 5.2 Gaussian: the exact law's stationary variance is 1.6 (1 + O(eta^2))
+    assert 0.9 < r["posterior_variance_ratio"] < 1.1
+    assert r["bits_per_iteration"] == 10 * 2 * 32 * 10  # 10 clients upload the change and the anchor
+
+
+def test_fa_hmc_config_errors(tmp_path):
+    base = (ROOT / "examples" / "fa_hmc.toml").read_text()
+    cases = [
+        (base.replace("num_leapfrog = 5", "#"), "needs num_leapfrog"),
+        (base.replace('name = "fa-hmc"', 'name = "fa-ld"'), "fa-ld takes one leapfrog step"),
+        (base.replace('name = "fa-hmc"', 'name = "qlsd#"'), "FA-HMC settings"),
+        (base.replace("debiased = true", "debiased = 1"), "debiased must be true or false"),
+        (base.replace("correlation = 1.0", "correlation = 2.0"), "correlation rho must lie in [0, 1]"),
+        (base.replace("dim = 10", "dim = 10\nmin_size = 3"), "unknown key(s) ['min_size']"),
+    ]
+    for i, (text, fragment) in enumerate(cases):
+        path = tmp_path / f"c{i}.toml"
+        path.write_text(text)
+        assert_one_line_error(fedmcmc("run", path, "--out", tmp_path / f"o{i}", "--no-progress"), fragment)

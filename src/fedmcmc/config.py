@@ -8,11 +8,13 @@ Example::
     dim = 50
 
     [sampler]
-    name = "qlsd*"                    # sgld, qlsd#, qlsd*, lsd*, qlsd++, lsd++
+    name = "qlsd*"                    # sgld, qlsd#, qlsd*, lsd*, qlsd++, lsd++, fa-hmc, fa-ld
     step_size = 4.9e-4
     batch_fraction = 0.1              # or batch_size = 10 (per client), omit for full batches
     compression = { bits = 8 }        # or { levels = 16 }, "none"
     participation = { p = 0.5, scaling = "inverse_probability" }
+    # FA-HMC / FA-LD: num_leapfrog = 10, local_steps = 10, correlation = 1.0,
+    #                 gradient_noise = 0.0, debiased = false
 
     [run]
     seed = 0
@@ -33,10 +35,11 @@ import numpy as np
 
 from fedmcmc import diagnostics, gradients, io
 from fedmcmc.compression import resolve_compressor
-from fedmcmc.data.synthetic import heterogeneous_gaussian
-from fedmcmc.models.gaussian import gaussian_mean, gaussian_mean_posterior
+from fedmcmc.data.synthetic import heterogeneous_gaussian, heterogeneous_local_posteriors
+from fedmcmc.models.gaussian import (gaussian_factors, gaussian_factors_posterior, gaussian_mean,
+                                     gaussian_mean_posterior)
 from fedmcmc.participation import resolve_participation
-from fedmcmc.samplers import lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
+from fedmcmc.samplers import fa_hmc, fa_ld, lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
 from fedmcmc.simulator import simulate
 
 SAMPLERS = {
@@ -46,14 +49,22 @@ SAMPLERS = {
     "lsd*": "QLSD* without compression",
     "qlsd++": "QLSD with SVRG control variates and memory terms (Alg. 2)",
     "lsd++": "QLSD++ without compression",
+    "fa-hmc": "federated averaging of local SG-HMC (Liang et al. 2024, Alg. 3); debiased = true for Alg. B.2",
+    "fa-ld": "federated averaging Langevin dynamics (Deng et al. 2021): FA-HMC with one leapfrog step",
 }
 PROBLEMS = {
     "heterogeneous-gaussian": "Gaussian mean, heterogeneous clients, flat prior; exact posterior (QLSD Sec. 4)",
+    "heterogeneous-local-posteriors": "half the clients N(20, I), half N(1, 4 I) locally; exact posterior (FA-HMC Sec. 5.2)",
 }
+_PROBLEM_KEYS = {
+    "heterogeneous-gaussian": {"name", "seed", "num_clients", "dim", "min_size", "max_size", "mean_spread"},
+    "heterogeneous-local-posteriors": {"name", "num_clients", "dim"},
+}
+_FA_KEYS = {"num_leapfrog", "local_steps", "correlation", "gradient_noise", "debiased"}
 _SECTIONS = {
-    "problem": {"name", "seed", "num_clients", "dim", "min_size", "max_size", "mean_spread"},
+    "problem": set().union(*_PROBLEM_KEYS.values()),
     "sampler": {"name", "step_size", "batch_size", "batch_fraction", "compression", "participation",
-                "refresh_every", "memory", "memory_rate"},
+                "refresh_every", "memory", "memory_rate"} | _FA_KEYS,
     "run": {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"},
 }
 
@@ -87,9 +98,22 @@ def validate(cfg: dict) -> None:
     name = cfg["problem"].get("name")
     if name not in PROBLEMS:
         raise ConfigError(f"unknown problem {name!r}; available: {', '.join(PROBLEMS)}")
+    unknown = set(cfg["problem"]) - _PROBLEM_KEYS[name]
+    if unknown:
+        raise ConfigError(f"unknown key(s) {sorted(unknown)} for problem {name!r}; allowed: "
+                          f"{sorted(_PROBLEM_KEYS[name])}")
     sampler = str(cfg["sampler"].get("name", "")).lower()
     if sampler not in SAMPLERS and sampler != "qlsd":
         raise ConfigError(f"unknown sampler {cfg['sampler'].get('name')!r}; available: {', '.join(SAMPLERS)}")
+    fa_keys = set(cfg["sampler"]) & _FA_KEYS
+    if sampler in ("fa-hmc", "fa-ld"):
+        needed = {"local_steps"} | ({"num_leapfrog"} if sampler == "fa-hmc" else set())
+        if needed - fa_keys:
+            raise ConfigError(f"[sampler] {sampler} needs {', '.join(sorted(needed - fa_keys))}")
+        if sampler == "fa-ld" and "num_leapfrog" in fa_keys:
+            raise ConfigError("fa-ld takes one leapfrog step by definition; drop num_leapfrog or use fa-hmc")
+    elif fa_keys:
+        raise ConfigError(f"{sorted(fa_keys)} are FA-HMC settings; {sampler} does not take them")
     if "step_size" not in cfg["sampler"]:
         raise ConfigError("[sampler] needs step_size")
     if "batch_size" in cfg["sampler"] and "batch_fraction" in cfg["sampler"]:
@@ -105,15 +129,20 @@ def validate(cfg: dict) -> None:
 def build(cfg: dict) -> dict[str, Any]:
     """Turn a validated config into data, model, sampler and run settings."""
     p = dict(cfg["problem"])
-    p.pop("name")
+    problem = p.pop("name")
     for key, value in p.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ConfigError(f"[problem] {key} must be a non-negative number (got {value!r})")
     if p.get("min_size", 10) >= p.get("max_size", 200) or p.get("num_clients", 20) < 1 or p.get("dim", 50) < 1:
         raise ConfigError("[problem] needs num_clients >= 1, dim >= 1 and min_size < max_size")
-    data = heterogeneous_gaussian(**p)
-    model = gaussian_mean(data.x.shape[-1])
-    exact = gaussian_mean_posterior(data)
+    if problem == "heterogeneous-local-posteriors":
+        data = heterogeneous_local_posteriors(p.get("dim", 50), p.get("num_clients", 10))
+        model = gaussian_factors(p.get("dim", 50))
+        exact = gaussian_factors_posterior(data)
+    else:
+        data = heterogeneous_gaussian(**p)
+        model = gaussian_mean(data.x.shape[-1])
+        exact = gaussian_mean_posterior(data)
 
     s = dict(cfg["sampler"])
     name = s.pop("name").lower()
@@ -128,6 +157,9 @@ def build(cfg: dict) -> dict[str, Any]:
     refresh = s.pop("refresh_every", 100)
     memory = s.pop("memory", True)
     memory_rate = s.pop("memory_rate", None)
+    fa = {key: s.pop(key) for key in _FA_KEYS & set(s)}
+    if not isinstance(fa.get("debiased", False), bool):
+        raise ConfigError(f"[sampler] debiased must be true or false (got {fa['debiased']!r})")
     mode = None
     if name in ("qlsd*", "lsd*"):
         mode = gradients.find_mode(model, data)
@@ -141,6 +173,10 @@ def build(cfg: dict) -> dict[str, Any]:
         sampler = qlsd_star(model, step, mode, batch, compressor, part)
     elif name == "lsd*":
         sampler = lsd_star(model, step, mode, batch, part)
+    elif name in ("fa-hmc", "fa-ld"):
+        fa.setdefault("num_leapfrog", 1)
+        sampler = fa_hmc(model, data.weights, step, fa.pop("num_leapfrog"), fa.pop("local_steps"),
+                         batch_size=batch, compressor=compressor, participation=part, name=name, **fa)
     elif name == "qlsd++":
         sampler = qlsd_pp(model, step, batch, compressor, part, refresh, memory, memory_rate)
     else:
