@@ -87,13 +87,18 @@ def test_fa_ld_is_fa_hmc_with_one_leapfrog_step():
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("local_steps", [1, 3])
-def test_one_client_with_shared_momentum_is_unadjusted_hmc(local_steps):
-    data, _ = logistic_regression_data(seed=1, dim=5, num_points=60, num_clients=1)
+def halving(t):
+    return jnp.where(t < 4, 0.2, 0.1)
+
+
+@pytest.mark.parametrize("local_steps, schedule", [(1, None), (3, None), (3, halving)])
+def test_one_client_with_shared_momentum_is_unadjusted_hmc(local_steps, schedule):
+    """Step for step, including a step-size schedule of the global iteration t = k T + s."""
+    data, _ = logistic_regression_data(seed=1, dim=5, num_points=60, num_clients=1, feature_scale=0.5)
     model = logistic_regression(5)
     eta, k, rounds = 0.2, 6, 5
-    samples = simulate(7, fa_hmc(model, [1.0], eta, k, local_steps, correlation=1.0), data, jnp.zeros(5),
-                       rounds).samples[0]
+    sampler = fa_hmc(model, [1.0], schedule or eta, k, local_steps, correlation=1.0)
+    samples = simulate(7, sampler, data, jnp.zeros(5), rounds).samples[0]
 
     x, y = data.unpadded(0)
 
@@ -106,7 +111,8 @@ def test_one_client_with_shared_momentum_is_unadjusted_hmc(local_steps):
         seed = jax.random.fold_in(jax.random.fold_in(chain, r), 1)  # the server's key, broadcast
         for s in range(local_steps):
             xi = jax.random.normal(jax.random.fold_in(seed, s), (5,))
-            theta, _, _ = leapfrog(grad, jax.random.PRNGKey(0), theta, xi, grad(None, theta), eta, k)
+            step = eta if schedule is None else float(schedule(r * local_steps + s))
+            theta, _, _ = leapfrog(grad, jax.random.PRNGKey(0), theta, xi, grad(None, theta), step, k)
         np.testing.assert_allclose(samples[r], theta, rtol=2e-5, atol=2e-6)
 
 
@@ -131,6 +137,8 @@ CONFIGS = {
     "fully shared momentum": dict(correlation=1.0),
     "de-biased": dict(debiased=True, gradient_noise=1.0),
     "fa-ld": dict(k=1, t=5, eta=0.3),
+    # a client's factors are identical, so (N_c / 1) x one factor is its exact gradient: the same law
+    "minibatches of one": dict(batch_size=1),
 }
 
 
@@ -140,12 +148,16 @@ def build(**kw):
     return fa_hmc(MODEL, W, eta, k, t, **kw)
 
 
+def law_settings(kw):
+    return {key: value for key, value in kw.items() if key != "batch_size"}
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_transient_law_matches_the_exact_recursion(name):
     """From a fixed start, the law of the averaged theta after rounds 1, 2, 5 and 12."""
     rounds = 12
     samples = simulate(11, build(**CONFIGS[name]), DATA, jnp.full(DIM, 8.0), rounds, num_chains=250).samples
-    law = exact_law(rounds, theta0=8.0, **CONFIGS[name])
+    law = exact_law(rounds, theta0=8.0, **law_settings(CONFIGS[name]))
     for r in (1, 2, 5, 12):
         x = samples[:, r - 1, :].reshape(-1).astype(np.float64)  # chains x coordinates: independent
         h.assert_close(x, law.mean[r], f"{name} mean, round {r}")
@@ -154,7 +166,7 @@ def test_transient_law_matches_the_exact_recursion(name):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_stationary_law_matches_the_exact_recursion(name):
-    law = exact_law(**CONFIGS[name])
+    law = exact_law(**law_settings(CONFIGS[name]))
     start = jnp.full(DIM, float(law.mean[0]), jnp.float32)
     samples = simulate(12, build(**CONFIGS[name]), DATA, start, 160, num_chains=100, burn_in=40).samples
     h.check_gaussian(samples, np.full(DIM, law.mean[0]), law.var[0], name)

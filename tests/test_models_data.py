@@ -107,3 +107,25 @@ def test_ula_stationary_law_and_running_mse():
     ends, mse = running_mse(stats, 2.0, 2)
     assert list(ends) == [1, 2]
     np.testing.assert_allclose(mse, [0.5, 0.0])
+
+
+def test_section_5_2_global_posterior_is_the_papers():
+    from fedmcmc.data.synthetic import heterogeneous_local_posteriors
+    from fedmcmc.models import gaussian_factors_posterior
+
+    post = gaussian_factors_posterior(heterogeneous_local_posteriors(3))
+    np.testing.assert_allclose(post.mean, 16.2)
+    assert post.var == pytest.approx(1.6)
+    # reading the paper's "N(1_d, 2 I)" as a variance instead gives another posterior
+    other = gaussian_factors_posterior(heterogeneous_local_posteriors(3, scales=(1.0, np.sqrt(2.0))))
+    assert other.mean[0] == pytest.approx(41 / 3) and other.var == pytest.approx(4 / 3)
+
+
+def test_logistic_data_shapes_and_weights():
+    from fedmcmc.data.synthetic import logistic_regression_data
+
+    data, theta = logistic_regression_data(seed=0, dim=7, num_points=100, num_clients=5)
+    assert data.num_clients == 5 and data.total == 100 and theta.shape == (7,)
+    np.testing.assert_allclose(data.weights, 0.2)
+    with pytest.raises(ValueError, match="multiple"):
+        logistic_regression_data(num_points=101, num_clients=5)
