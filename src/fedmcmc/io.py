@@ -60,8 +60,10 @@ def to_inference_data(results: Mapping[str, SimulationResult], attrs: Mapping | 
         sample_stats = {name: np.stack([p[name] for p in per], axis=2) for name in per[0]}
         dims = {"theta": ["method", "theta_dim"], **{name: ["method"] for name in sample_stats}}
         coords = {"draw": draw_coords, "method": labels}
-    return az.from_dict(posterior=posterior, sample_stats=sample_stats, dims=dims, coords=coords,
-                        attrs={k: _attr(v) for k, v in attrs.items()})
+    with warnings.catch_warnings():  # axes are explicit: many chains of few draws are not a mistake here
+        warnings.filterwarnings("ignore", message="More chains")
+        return az.from_dict(posterior=posterior, sample_stats=sample_stats, dims=dims, coords=coords,
+                            attrs={k: _attr(v) for k, v in attrs.items()})
 
 
 def _attr(value):
