@@ -116,6 +116,10 @@ class Participation(NamedTuple):
         Short name used in outputs.
     num_clients
         The number of clients its per-client settings are for (None if it has none).
+    max_active
+        An upper bound on the number of active clients in any round, or None. When it is
+        set, the simulator runs ``client_step`` for at most that many clients instead of all
+        of them (same keys, same results).
     """
 
     sample: Callable[[Array, int], Array]
@@ -123,6 +127,7 @@ class Participation(NamedTuple):
     pause_when_empty: bool = False
     name: str = "participation"
     num_clients: int | None = None
+    max_active: int | None = None
 
 
 class FederatedSampler(NamedTuple):

@@ -79,6 +79,28 @@ def bernoulli(probs: float | Sequence[float], scaling: str = "active") -> Partic
                          num_clients=p.size if p.size > 1 else None)
 
 
+def categorical(probs: Sequence[float]) -> Participation:
+    """Exactly one client per round, client ``s`` with probability ``f_s`` (weight 1).
+
+    The shard schedule of distributed SGLD (Ahn et al. 2014; El Mekkaoui et al. 2021): a chain
+    visits one shard at a time. ``max_active = 1`` lets the simulator run only that client.
+    """
+    f = np.asarray(probs, dtype=np.float64)
+    if f.ndim != 1 or f.size < 1 or not np.all(np.isfinite(f)) or np.any(f <= 0) or abs(f.sum() - 1) > 1e-6:
+        raise ValueError(f"shard probabilities must be positive and sum to 1, one per client (got {probs!r})")
+    logits = jnp.asarray(np.log(f), jnp.float32)
+
+    def sample(key, num_clients):
+        chosen = jax.random.categorical(key, jnp.broadcast_to(logits, (num_clients,)))
+        return jnp.arange(num_clients) == chosen
+
+    def weights(mask):
+        return mask.astype(jnp.float32)
+
+    return Participation(sample, weights, pause_when_empty=False, name=f"categorical(f={f.tolist()})",
+                         num_clients=f.size, max_active=1)
+
+
 def resolve_participation(spec) -> Participation:
     """Build a scheme from a config value: None / 1.0 -> full, a float or list -> Bernoulli,
     or a mapping ``{"p": ..., "scaling": ...}``."""

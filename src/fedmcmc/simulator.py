@@ -136,6 +136,9 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
     clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
     b = data.num_clients
     ids = jnp.arange(b, dtype=jnp.uint32)
+    max_active = sampler.participation.max_active
+    if max_active is not None and not 1 <= max_active < b:
+        max_active = None  # nothing to save
 
     def chain_init(chain_key, theta0):
         init_key = jax.random.fold_in(chain_key, 0)
@@ -148,9 +151,22 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
         round_key = jax.random.fold_in(chain_key, k + 1)
         mask = sampler.participation.sample(jax.random.fold_in(round_key, b + 1), b)
         keys = materialize(jax.vmap(jax.random.fold_in, (None, 0))(round_key, ids))
-        new_cs, uploads, cinfo = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
-            keys, carry.client_states, carry.broadcast, clients, k)
-        client_states = _select(mask, new_cs, carry.client_states)
+        step = jax.vmap(sampler.client_step, (0, 0, None, 0, None))
+        if max_active is None:
+            new_cs, uploads, cinfo = step(keys, carry.client_states, carry.broadcast, clients, k)
+            client_states = _select(mask, new_cs, carry.client_states)
+        else:
+            # Only the (at most max_active) active clients compute; index b marks an empty slot,
+            # read clamped and written nowhere, so results equal those of the dense path.
+            idx = jnp.nonzero(mask, size=max_active, fill_value=b)[0]
+            take = partial(jax.tree_util.tree_map, lambda a: a[jnp.minimum(idx, b - 1)])
+            new_cs, sub_up, sub_info = step(take(keys), take(carry.client_states), carry.broadcast, take(clients), k)
+            client_states = jax.tree_util.tree_map(lambda a, n: a.at[idx].set(n, mode="drop"),
+                                                   carry.client_states, new_cs)
+            uploads = jax.tree_util.tree_map(
+                lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"), sub_up)
+            cinfo = jax.tree_util.tree_map(
+                lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"), sub_info)
         server_state, broadcast, sinfo = sampler.server_step(
             jax.random.fold_in(round_key, b), carry.server_state, uploads, mask, k)
         n_active = jnp.sum(mask.astype(jnp.int32))
