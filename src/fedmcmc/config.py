@@ -39,7 +39,7 @@ from fedmcmc.data.synthetic import heterogeneous_gaussian, heterogeneous_local_p
 from fedmcmc.models.gaussian import (gaussian_factors, gaussian_factors_posterior, gaussian_mean,
                                      gaussian_mean_posterior)
 from fedmcmc.participation import resolve_participation
-from fedmcmc.samplers import fa_hmc, fa_ld, lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
+from fedmcmc.samplers import fa_hmc, lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
 from fedmcmc.simulator import simulate
 
 SAMPLERS = {
