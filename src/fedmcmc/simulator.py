@@ -156,17 +156,16 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
             new_cs, uploads, cinfo = step(keys, carry.client_states, carry.broadcast, clients, k)
             client_states = _select(mask, new_cs, carry.client_states)
         else:
-            # Only the (at most max_active) active clients compute; index b marks an empty slot,
-            # read clamped and written nowhere, so results equal those of the dense path.
+            # Only the (at most max_active) active clients compute, with the keys, states and data
+            # of the dense path; index b marks an empty slot, read clamped and written nowhere.
             idx = jnp.nonzero(mask, size=max_active, fill_value=b)[0]
             take = partial(jax.tree_util.tree_map, lambda a: a[jnp.minimum(idx, b - 1)])
+            scatter = partial(jax.tree_util.tree_map,
+                              lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"))
             new_cs, sub_up, sub_info = step(take(keys), take(carry.client_states), carry.broadcast, take(clients), k)
             client_states = jax.tree_util.tree_map(lambda a, n: a.at[idx].set(n, mode="drop"),
                                                    carry.client_states, new_cs)
-            uploads = jax.tree_util.tree_map(
-                lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"), sub_up)
-            cinfo = jax.tree_util.tree_map(
-                lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"), sub_info)
+            uploads, cinfo = scatter(sub_up), scatter(sub_info)
         server_state, broadcast, sinfo = sampler.server_step(
             jax.random.fold_in(round_key, b), carry.server_state, uploads, mask, k)
         n_active = jnp.sum(mask.astype(jnp.int32))
