@@ -219,3 +219,10 @@ def test_bad_settings_are_rejected(kwargs, message):
 def test_weights_for_another_number_of_clients_are_rejected():
     with pytest.raises(ValueError, match="per-client settings"):
         simulate(0, fa_hmc(MODEL, [0.5, 0.5], ETA, K, T), DATA, jnp.zeros(DIM), 2)
+
+
+def test_a_diverging_step_size_is_reported():
+    from fedmcmc import DivergenceError
+
+    with pytest.raises(DivergenceError, match="lower the step size"):
+        simulate(0, fa_hmc(MODEL, W, 3.0, 20, 5), DATA, jnp.zeros(DIM), 40, num_chains=2)
