@@ -24,6 +24,7 @@ import numpy as np
 
 from fedmcmc import io, metrics
 from fedmcmc.data.synthetic import heterogeneous_local_posteriors
+from fedmcmc.experiments.settings import resolve
 from fedmcmc.laws import fa_hmc_law
 from fedmcmc.models import gaussian_factors, gaussian_factors_posterior
 from fedmcmc.samplers import fa_hmc
@@ -69,10 +70,7 @@ def fit_slope(dims, rounds) -> dict:
 
 def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
         resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = dict(QUICK if quick else FULL)
-    cfg.update(settings or {})
-    if seed is not None:
-        cfg["seed"] = seed
+    cfg = resolve(FULL, QUICK, quick, seed, settings)
     out = Path(out)
     started = time.perf_counter()
     per_d, kept = {}, {}

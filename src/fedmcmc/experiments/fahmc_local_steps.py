@@ -21,6 +21,7 @@ import numpy as np
 
 from fedmcmc import io, metrics
 from fedmcmc.experiments.fahmc_vs_fald import FULL as LOGISTIC, logistic_problem, logistic_reference
+from fedmcmc.experiments.settings import resolve
 from fedmcmc.laws import fa_hmc_law
 from fedmcmc.samplers import fa_hmc
 from fedmcmc.simulator import simulate
@@ -64,10 +65,7 @@ def gaussian_rounds(cfg: dict) -> dict:
 
 def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
         resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = dict(QUICK if quick else FULL)
-    cfg.update(settings or {})
-    if seed is not None:
-        cfg["seed"] = seed
+    cfg = resolve(FULL, QUICK, quick, seed, settings)
     out = Path(out)
     started = time.perf_counter()
     data, model = logistic_problem(cfg)

@@ -21,6 +21,7 @@ import numpy as np
 
 from fedmcmc import io, metrics, reference
 from fedmcmc.data.synthetic import logistic_regression_data
+from fedmcmc.experiments.settings import resolve
 from fedmcmc.models import logistic_regression
 from fedmcmc.samplers import fa_hmc
 from fedmcmc.simulator import DivergenceError, simulate
@@ -73,10 +74,7 @@ def _check(cfg: dict):
 
 def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
         resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = dict(QUICK if quick else FULL)
-    cfg.update(settings or {})
-    if seed is not None:
-        cfg["seed"] = seed
+    cfg = resolve(FULL, QUICK, quick, seed, settings)
     _check(cfg)
     out = Path(out)
     started = time.perf_counter()

@@ -18,6 +18,7 @@ import numpy as np
 from fedmcmc import gradients, io
 from fedmcmc.compression import qsgd_bits_bound, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian
+from fedmcmc.experiments.settings import resolve
 from fedmcmc.models.gaussian import GaussianPosterior, gaussian_mean, gaussian_mean_posterior
 from fedmcmc.samplers import lsd_star, qlsd_sharp, qlsd_star
 from fedmcmc.simulator import simulate
@@ -64,10 +65,7 @@ def running_mse(stats: np.ndarray, target: float, points: int) -> tuple[np.ndarr
 
 def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
         resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = dict(QUICK if quick else FULL)
-    cfg.update(settings or {})
-    if seed is not None:
-        cfg["seed"] = seed
+    cfg = resolve(FULL, QUICK, quick, seed, settings)
     if not 0 < cfg["keep"] <= cfg["num_iterations"]:
         raise ValueError(f"keep ({cfg['keep']}) must lie in (0, num_iterations = {cfg['num_iterations']}]")
     out = Path(out)
