@@ -10,7 +10,13 @@ Round ``k`` of a run, for one chain::
     for every client i (vectorised):   # the client sees only its own data
         client_state_i, upload_i, cinfo_i = client_step(key_i, client_state_i, broadcast, data_i, k)
     server_state, broadcast, sinfo = server_step(server_key, server_state, uploads, mask, k)
-    sample_k         = server_state.position
+    sample_k         = server_state.position   (or the rows of server_state.draws, see below)
+
+Before round 1, a sampler with a :class:`Setup` runs one exchange with every client:
+surrogates or statistics computed where the data lives, combined by the server and sent back
+once (CG-DSGLD's Gaussian surrogates). A sampler whose chain moves several times per round
+(DSGLD, whose chain runs many local steps on one shard per visit) sets ``draws_per_round``
+and keeps that round's draws in ``server_state.draws``.
 
 Inactive clients (``mask[i] == False``) keep their state and their upload is ignored.
 The round number ``k`` is given by the runtime, the same for every chain: step-size
@@ -130,6 +136,21 @@ class Participation(NamedTuple):
     max_active: int | None = None
 
 
+class Setup(NamedTuple):
+    """A one-off exchange before round 1, with every client.
+
+    ``client(key, client_state, broadcast, client_data) -> (client_state, upload, info)`` runs on
+    every client (``info.bits`` is the upload's size on the wire);
+    ``server(key, server_state, uploads) -> (server_state, message, info)`` combines the uploads
+    (leading client axis) into one ``message`` sent to every client (``info.broadcast_bits`` is
+    its size); ``receive(client_state, message) -> client_state`` stores it on each client.
+    """
+
+    client: Callable[..., tuple]
+    server: Callable[..., tuple]
+    receive: Callable[..., Any]
+
+
 class FederatedSampler(NamedTuple):
     """A federated MCMC algorithm as four pure functions (see the module docstring).
 
@@ -155,6 +176,11 @@ class FederatedSampler(NamedTuple):
         The number of clients its per-client settings (batch sizes, quantisation levels,
         participation probabilities) are for, or None; the runtime checks it against the data,
         since a per-client value is looked up by client index.
+    setup
+        A :class:`Setup` exchange run once before round 1, or None.
+    draws_per_round
+        ``m``: the number of draws a round yields. If ``m > 1``, ``server_state.draws`` is
+        ``[m, d]``, the round's draws in order, and the runtime records them all.
     """
 
     init: Callable[..., tuple]
@@ -164,6 +190,8 @@ class FederatedSampler(NamedTuple):
     participation: Participation
     name: str = "sampler"
     num_clients: int | None = None
+    setup: Setup | None = None
+    draws_per_round: int = 1
 
 
 def per_client_count(*settings, known=()) -> int | None:

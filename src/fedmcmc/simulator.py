@@ -4,6 +4,7 @@ Keys (the same in every runtime, so that runs are reproducible bit for bit)::
 
     chain key   = fold_in(key(seed), chain)
     init key    = fold_in(chain key, 0)        client i: fold_in(init key, i); server: fold_in(init key, b)
+    setup key   = fold_in(init key, b + 1)     client i: fold_in(setup key, i); server: fold_in(setup key, b)
     round key k = fold_in(chain key, k + 1)    client i: fold_in(round key, i); server: fold_in(round key, b)
     participation key = fold_in(round key, b + 1)
 
@@ -53,21 +54,28 @@ class SimulationResult(NamedTuple):
     Attributes
     ----------
     samples
-        ``[chain, draw, d]``: the server's parameter after each kept round.
+        ``[chain, draw, d]``: the server's parameter after each kept round, or, for a
+        sampler with ``m = draws_per_round > 1``, the ``m`` draws of each kept round.
     draw_iterations
-        ``[draw]``: the round count (1-based) at which each draw was taken.
+        ``[draw]``: the round count (1-based) at which each draw was taken; draw ``j`` of
+        ``m`` in round ``k`` sits at ``k - 1 + (j + 1) / m``.
     bits_up, bits_down, active
         ``[chain, draw]``: bits uploaded and downloaded, and client participations, summed
-        over the rounds since the previous draw.
+        over the rounds since the previous draw (with ``m > 1``, a round's counts sit on its
+        last draw).
     statistics
         ``[chain, iteration, ...]`` values of ``statistic(theta)`` at every round after burn-in
         (unthinned), or None.
     total_bits_up, total_bits_down
-        ``[chain]``: totals over the whole run, burn-in included.
+        ``[chain]``: totals over the whole run, burn-in and setup exchange included.
     num_iterations, burn_in, thinning
         The run's settings.
     wall_seconds
         Time spent running rounds (compilation included), summed over resumed sessions.
+    draws_per_round
+        ``m``, the sampler's draws per round.
+    setup_bits_up, setup_bits_down
+        ``[chain]``: bits of the setup exchange before round 1 (zero without one).
     """
 
     samples: np.ndarray
@@ -82,6 +90,9 @@ class SimulationResult(NamedTuple):
     burn_in: int
     thinning: int
     wall_seconds: float
+    draws_per_round: int = 1
+    setup_bits_up: np.ndarray | None = None
+    setup_bits_down: np.ndarray | None = None
 
 
 class _Carry(NamedTuple):
@@ -145,7 +156,17 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
         server_state, broadcast = sampler.init(jax.random.fold_in(init_key, b), theta0)
         keys = jax.vmap(jax.random.fold_in, (None, 0))(init_key, ids)
         client_states = jax.vmap(sampler.client_init, (0, None, 0))(keys, broadcast, clients)
-        return _Carry(server_state, broadcast, client_states)
+        setup_up, setup_down = jnp.zeros((b,), jnp.int32), jnp.zeros((), jnp.int32)
+        if sampler.setup is not None:
+            setup_key = jax.random.fold_in(init_key, b + 1)
+            keys = jax.vmap(jax.random.fold_in, (None, 0))(setup_key, ids)
+            client_states, uploads, cinfo = jax.vmap(sampler.setup.client, (0, 0, None, 0))(
+                keys, client_states, broadcast, clients)
+            server_state, message, sinfo = sampler.setup.server(jax.random.fold_in(setup_key, b), server_state,
+                                                                uploads)
+            client_states = jax.vmap(sampler.setup.receive, (0, None))(client_states, message)
+            setup_up, setup_down = cinfo.bits.astype(jnp.int32), jnp.asarray(sinfo.broadcast_bits, jnp.int32)
+        return _Carry(server_state, broadcast, client_states), (setup_up, setup_down)
 
     def chain_round(chain_key, carry: _Carry, k):
         round_key = jax.random.fold_in(chain_key, k + 1)
@@ -191,7 +212,7 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
             zeros = jnp.zeros((num_chains,), jnp.int32)
             (carry, w), stats = jax.lax.scan(one, (carry, _Window(zeros, zeros, zeros, zeros, zeros)),
                                              jnp.arange(thinning))
-            return carry, (carry.server_state.position, w, stats)
+            return carry, (recorded(carry.server_state), w, stats)
 
         carry, (positions, windows, stats) = jax.lax.scan(draw, carry, jnp.arange(num_draws))
         # chains first everywhere, so that every output can be split by chain
@@ -199,6 +220,11 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
         if stats is not None:
             stats = jnp.moveaxis(stats, 2, 0)  # [chains, draws, thinning, ...]
         return carry, *chains_first, stats
+
+    def recorded(server_state):  # [chains, m, d]: the draws of the round
+        if sampler.draws_per_round > 1:
+            return server_state.draws
+        return server_state.position[:, None]
 
     def statistic_values(carry):
         if statistic is None:
@@ -309,14 +335,17 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
     init, chunk = _build(sampler, data, statistic, devices)
     try:
         keys_shape = jax.ShapeDtypeStruct((num_chains, 2), jnp.uint32)
-        carry_shape = jax.eval_shape(init, keys_shape, theta0)
+        carry_shape = jax.eval_shape(init, keys_shape, theta0)[0]
         jax.eval_shape(lambda k, c: chunk(k, c, jnp.int32(0), 1, 1), keys_shape, carry_shape)
     except (TypeError, ValueError) as err:
         raise ValueError(f"theta0 of shape {tuple(theta0.shape[1:])} does not fit this sampler and data "
                          f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
     chain_keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed),
                                                          jnp.arange(num_chains, dtype=jnp.uint32))
-    carry = init(chain_keys, theta0)
+    carry, (setup_up, setup_down) = init(chain_keys, theta0)
+    setup_bits = (np.asarray(setup_up, np.int64).sum(axis=1),
+                  np.asarray(setup_down, np.int64) * data.num_clients)
+    m = int(sampler.draws_per_round)
     leaves, treedef = jax.tree_util.tree_flatten(carry)
     fingerprint = _fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,
                                d=int(theta0.shape[1]), chains=num_chains, iterations=num_iterations,
@@ -357,16 +386,17 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
             start = time.perf_counter()
             carry, positions, windows, stats = chunk(chain_keys, carry, jnp.int32(done),
                                                      length // thinning, thinning)
-            positions = np.asarray(positions)
+            positions = np.asarray(positions)  # [chains, rounds, m, d]
             wall += time.perf_counter() - start
             if not np.all(np.isfinite(positions)):
-                bad = ~np.all(np.isfinite(positions), axis=-1)  # [chains, draws]
+                bad = ~np.all(np.isfinite(positions), axis=(-2, -1))  # [chains, rounds]
                 first = int(np.argmax(bad.any(axis=0)))
                 raise DivergenceError(done + (first + 1) * thinning, np.flatnonzero(bad.any(axis=1)).tolist())
             # Only what is kept goes to disk: draws and statistics after burn-in, bit counts always.
             kept_draws = done + np.arange(1, length // thinning + 1) * thinning > burn_in
+            kept = positions[:, kept_draws]
             piece = {
-                "positions": positions[:, kept_draws],
+                "positions": kept.reshape((num_chains, -1) + kept.shape[3:]),
                 "up": _total(windows.up_hi, windows.up_lo),
                 "down": _total(windows.down_hi, windows.down_lo),
                 "active": np.asarray(windows.active),
@@ -388,27 +418,44 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         if bar is not None:
             bar.close()
 
-    return _assemble(pieces, num_iterations, burn_in, thinning, statistic is not None, wall)
+    return _assemble(pieces, num_iterations, burn_in, thinning, statistic is not None, wall, m, setup_bits)
 
 
-def _assemble(pieces, num_iterations, burn_in, thinning, has_stats, wall) -> SimulationResult:
+def _assemble(pieces, num_iterations, burn_in, thinning, has_stats, wall, m, setup_bits) -> SimulationResult:
     def cat(name):
         return np.concatenate([p[name] for p in pieces], axis=1)
 
-    draw_iterations = np.arange(1, num_iterations // thinning + 1) * thinning
-    keep = draw_iterations > burn_in
-    up, down = cat("up"), cat("down")
+    rounds = np.arange(1, num_iterations // thinning + 1) * thinning
+    keep = rounds > burn_in
+    up, down, active = cat("up"), cat("down"), cat("active")
+
+    def per_draw(a):
+        """Per-round counts as per-draw counts: on the last draw of each round, 0 on the others."""
+        a = a[:, keep]
+        if m == 1:
+            return a
+        out = np.zeros(a.shape[:1] + (a.shape[1], m), a.dtype)
+        out[..., -1] = a
+        return out.reshape(a.shape[0], -1)
+
+    if m == 1:
+        draw_iterations = rounds[keep]
+    else:  # draw j of round k sits at k - 1 + (j + 1) / m
+        draw_iterations = (rounds[keep, None] - 1 + np.arange(1, m + 1) / m).ravel()
     return SimulationResult(
         samples=cat("positions"),
-        draw_iterations=draw_iterations[keep],
-        bits_up=up[:, keep],
-        bits_down=down[:, keep],
-        active=cat("active")[:, keep],
+        draw_iterations=draw_iterations,
+        bits_up=per_draw(up),
+        bits_down=per_draw(down),
+        active=per_draw(active),
         statistics=cat("stats") if has_stats else None,
-        total_bits_up=up.sum(axis=1),
-        total_bits_down=down.sum(axis=1),
+        total_bits_up=up.sum(axis=1) + setup_bits[0],
+        total_bits_down=down.sum(axis=1) + setup_bits[1],
         num_iterations=num_iterations,
         burn_in=burn_in,
         thinning=thinning,
         wall_seconds=wall,
+        draws_per_round=m,
+        setup_bits_up=setup_bits[0],
+        setup_bits_down=setup_bits[1],
     )

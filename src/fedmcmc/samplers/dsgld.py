@@ -1,0 +1,215 @@
+"""DSGLD (Ahn, Shahbaba and Welling, ICML 2014) and CG-DSGLD, also called FSGLD
+(El Mekkaoui, Mesquita, Blomstedt and Kaski, UAI 2021): a chain that travels between shards.
+
+A chain sits on one shard at a time. Each round the server hands it to shard ``s`` with
+probability ``f_s`` (``sum_s f_s = 1``); the shard runs ``L`` local Langevin steps on its own
+data and hands the chain back,
+
+    theta <- theta + (h / 2) [ v_s(theta) + alpha g_s(theta) ] + sqrt(h) Z,    Z ~ N(0, I),
+
+    v_s(theta) = grad log p(theta) + N_s / (f_s m) sum_{x in B} grad log p(x | theta),
+
+with ``B`` a minibatch of ``m`` of the shard's ``N_s`` points (all of them if ``m`` is None).
+Averaged over the shard choice, ``v_s`` is the full-data gradient, but within a visit the
+chain follows shard ``s`` alone: with many local steps it drifts towards
+``p(theta) p(x_s | theta)^{1 / f_s}``, the pathology El Mekkaoui et al. cure with the
+*conducive gradient* (their eq. 5-7)
+
+    g_s(theta) = grad log q(theta) - (1 / f_s) grad log q_s(theta),     q = prod_s q_s,
+
+where ``q_s`` is a surrogate of shard ``s``'s density (:mod:`fedmcmc.surrogates`). ``g_s`` has
+mean zero over ``s`` for any surrogates (their Lemma 1), so ``v_s + alpha g_s`` stays unbiased
+for every ``alpha > 0``. If ``q_s`` is exact up to a constant, as it is for conjugate Gaussian
+models, ``v_s + g_s`` equals the full-data gradient plus minibatch noise: the shard bias
+cancels. Surrogates of ``p(theta)^{f_s} p(x_s | theta)`` (what :mod:`fedmcmc.surrogates` fits)
+cancel it too when the prior is Gaussian, since the prior shares add up to the prior.
+
+**Communication.** Each round is one visit: the server sends ``theta`` (32 bits a
+coordinate) and the shard returns the visit's draws, the last of which is the new ``theta``.
+CG-DSGLD starts with a setup exchange: every shard fits ``q_s`` and uploads it once, the
+server sends ``q`` to every shard once (:func:`fedmcmc.surrogates.surrogate_bits` each way).
+
+**Draws.** The chain's samples are its local iterates, every ``record_every`` local steps
+(El Mekkaoui et al. keep every 100th). With ``record_every < L`` a round yields
+``L / record_every`` draws, which travel with the hand-off; with ``record_every = L`` (the
+default) a round yields its final ``theta``, and the runtime's thinning counts visits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedmcmc import gradients, participation as participation_lib, surrogates as surrogates_lib
+from fedmcmc.base import FederatedSampler, Model, Setup, per_client_count
+from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, check_step_size, float_bits
+from fedmcmc.types import resolve_schedule
+
+
+class DSGLDState(NamedTuple):
+    """Server state: ``position`` (the chain's parameter after the last visit) and ``draws``
+    (``[m, d]``, the last visit's recorded iterates; ``position`` is its last row)."""
+
+    position: Any
+    draws: Any
+
+
+class DSGLDUpload(NamedTuple):
+    """A shard's hand-off: the visit's recorded iterates ``[m, d]``."""
+
+    draws: Any
+
+
+class ConduciveTerm(NamedTuple):
+    """A shard's conducive gradient in closed form, ``g_s(theta) = offset - matrix theta``:
+    ``matrix = L - L_s / f_s`` and ``offset = e - e_s / f_s`` (``()`` fields for DSGLD)."""
+
+    matrix: Any = ()
+    offset: Any = ()
+
+
+class CGClientState(NamedTuple):
+    """A CG-DSGLD shard's state: its probability ``f_s``, its own surrogate ``q_s``, and its
+    conducive term once the setup exchange has brought ``q``."""
+
+    share: Any
+    surrogate: Any
+    conducive: ConduciveTerm
+
+
+def resolve_probs(probs) -> np.ndarray:
+    """Validate shard probabilities ``f_s``: positive, finite, summing to 1."""
+    f = np.atleast_1d(np.asarray(probs, dtype=np.float64))
+    if f.ndim != 1 or f.size < 1 or not np.all(np.isfinite(f)) or np.any(f <= 0) or abs(f.sum() - 1) > 1e-6:
+        raise ValueError(f"shard probabilities f_s must be positive and sum to 1, one per shard (got {probs!r}); "
+                         "use FederatedData.weights for N_s / N or np.full(S, 1 / S)")
+    return f
+
+
+def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, record_every: int | None = None,
+          surrogate=None, alpha: float = 1.0, name: str | None = None) -> FederatedSampler:
+    """Build DSGLD, or CG-DSGLD when ``surrogate`` is given (see the module docstring).
+
+    Parameters
+    ----------
+    model
+        The model; its prior enters every local step.
+    probs
+        ``f_s``, the probability of visiting each shard (one per shard, summing to 1).
+    step_size
+        ``h > 0`` in ``theta + (h / 2) v + N(0, h I)``, or a schedule of the local step count
+        ``t = k L + j``.
+    local_steps
+        ``L``, local steps per visit (one round).
+    batch_size
+        ``m``, minibatch size per shard (one for all or one per shard); full shards if None.
+    record_every
+        Local steps between recorded draws; must divide ``L``. Default ``L`` (one draw a visit).
+    surrogate
+        A surrogate fitter from :mod:`fedmcmc.surrogates` (``taylor``, ``laplace``,
+        ``sgld_moments``) for CG-DSGLD; None for DSGLD.
+    alpha
+        ``alpha > 0``, the scale of the conducive gradient (CG-DSGLD only).
+    """
+    step_size = check_step_size(step_size)
+    f_np = resolve_probs(probs)
+    if int(local_steps) != local_steps or local_steps < 1:
+        raise ValueError(f"local_steps must be a positive integer (got {local_steps!r})")
+    local_steps = int(local_steps)
+    record_every = local_steps if record_every is None else record_every
+    if int(record_every) != record_every or record_every < 1 or local_steps % int(record_every):
+        raise ValueError(f"record_every ({record_every!r}) must be a positive divisor of local_steps "
+                         f"({local_steps}); thin across visits with the runtime's thinning instead")
+    record_every = int(record_every)
+    num_draws = local_steps // record_every
+    if not (np.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be > 0 (got {alpha!r}); it scales the conducive gradient")
+    conducive = surrogate is not None
+    if name is None:
+        name = "cg-dsgld" if conducive else "dsgld"
+    participation = participation_lib.categorical(f_np)
+    oracle = gradients.minibatch_gradient(model, batch_size)
+    f_all = jnp.asarray(f_np, jnp.float32)
+    alpha32 = np.float32(alpha)
+
+    def init(key, theta0):
+        del key
+        theta0 = jnp.asarray(theta0, jnp.float32)
+        return DSGLDState(theta0, jnp.broadcast_to(theta0, (num_draws,) + theta0.shape)), Broadcast(theta0)
+
+    def client_init(key, broadcast, client_data):
+        if not conducive:
+            return ()
+        f_s = f_all[client_data.index]
+        shapes = jax.eval_shape(lambda *a: surrogate(a[0], model, *a[1:]), key, client_data, broadcast.position, f_s)
+        zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+        return CGClientState(f_s, zeros, ConduciveTerm(zeros.precision, zeros.shift))
+
+    def client_step(key, client_state, broadcast, client_data, k):
+        f_s = f_all[client_data.index]
+
+        def drift(key_grad, theta):
+            v = jax.grad(model.log_prior)(theta) - oracle(key_grad, theta, client_data) / f_s
+            if conducive:
+                term = client_state.conducive
+                v = v + alpha32 * (term.offset - surrogates_lib.matvec(term.matrix, theta))
+            return v
+
+        def step(j, carry):
+            theta, draws = carry
+            h = jnp.asarray(resolve_schedule(step_size, k * local_steps + j), jnp.float32)
+            key_grad, key_noise = jax.random.split(jax.random.fold_in(key, j))
+            noise = jax.random.normal(key_noise, theta.shape, theta.dtype)
+            theta = theta + 0.5 * h * drift(key_grad, theta) + jnp.sqrt(h) * noise
+            slot = (j + 1) // record_every - 1
+            draws = jnp.where((j + 1) % record_every == 0, draws.at[slot].set(theta), draws)
+            return theta, draws
+
+        draws0 = jnp.zeros((num_draws,) + broadcast.position.shape, broadcast.position.dtype)
+        _, draws = jax.lax.fori_loop(0, local_steps, step, (broadcast.position, draws0))
+        return client_state, DSGLDUpload(draws), ClientInfo(bits=float_bits(draws))
+
+    def server_step(key, server_state, uploads, mask, k):
+        del key
+        draws = jnp.tensordot(mask.astype(jnp.float32), uploads.draws, axes=1)
+        new = DSGLDState(draws[-1], draws)
+        h = jnp.asarray(resolve_schedule(step_size, k * local_steps), jnp.float32)
+        return new, Broadcast(new.position), ServerInfo(step_size=h, broadcast_bits=float_bits(new.position))
+
+    setup = None
+    if conducive:
+        def setup_client(key, client_state, broadcast, client_data):
+            q_s = surrogate(key, model, client_data, broadcast.position, client_state.share)
+            return client_state._replace(surrogate=q_s), q_s, ClientInfo(bits=_bits(q_s))
+
+        def setup_server(key, server_state, uploads):
+            del key
+            q = surrogates_lib.product(uploads)
+            return server_state, q, ServerInfo(step_size=jnp.zeros((), jnp.float32), broadcast_bits=_bits(q))
+
+        def receive(client_state, q):
+            q_s, f_s = client_state.surrogate, client_state.share
+            term = ConduciveTerm(q.precision - q_s.precision / f_s, q.shift - q_s.shift / f_s)
+            return client_state._replace(conducive=term)
+
+        setup = Setup(setup_client, setup_server, receive)
+
+    clients = per_client_count(f_np, batch_size) or f_np.size
+    return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients,
+                            setup=setup, draws_per_round=num_draws)
+
+
+def _bits(q: surrogates_lib.GaussianSurrogate):
+    d = q.shift.shape[-1]
+    return jnp.asarray(surrogates_lib.surrogate_bits(d, "diag" if q.diagonal else "full"), jnp.int32)
+
+
+def cg_dsgld(model: Model, probs, step_size, local_steps: int, surrogate=None, batch_size=None,
+             record_every: int | None = None, alpha: float = 1.0, name: str = "cg-dsgld") -> FederatedSampler:
+    """CG-DSGLD / FSGLD: DSGLD with conducive gradients from Gaussian shard surrogates
+    (``surrogates.taylor()``, exact for conjugate Gaussian models, if None). Parameters as :func:`dsgld`."""
+    surrogate = surrogates_lib.taylor() if surrogate is None else surrogate
+    return dsgld(model, probs, step_size, local_steps, batch_size, record_every, surrogate, alpha, name)
