@@ -89,6 +89,21 @@ def resolve_probs(probs) -> np.ndarray:
     return f
 
 
+def conducive_term(q: surrogates_lib.GaussianSurrogate, q_s: surrogates_lib.GaussianSurrogate, f_s) -> ConduciveTerm:
+    """``g_s(theta) = grad log q(theta) - (1 / f_s) grad log q_s(theta)`` as ``offset - matrix theta``."""
+    return ConduciveTerm(q.precision - q_s.precision / f_s, q.shift - q_s.shift / f_s)
+
+
+def drift_estimate(key, model: Model, oracle, theta, client_data, f_s, term: ConduciveTerm | None = None,
+                   alpha=1.0):
+    """``v_s(theta) + alpha g_s(theta)`` on shard ``s`` (``v_s`` alone if ``term`` is None), with
+    ``oracle`` a minibatch estimate of ``-sum_{x in shard} grad log p(x | theta)``."""
+    v = jax.grad(model.log_prior)(theta) - oracle(key, theta, client_data) / f_s
+    if term is not None:
+        v = v + alpha * (term.offset - surrogates_lib.matvec(term.matrix, theta))
+    return v
+
+
 def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, record_every: int | None = None,
           surrogate=None, alpha: float = 1.0, name: str | None = None) -> FederatedSampler:
     """Build DSGLD, or CG-DSGLD when ``surrogate`` is given (see the module docstring).
@@ -150,13 +165,10 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
 
     def client_step(key, client_state, broadcast, client_data, k):
         f_s = f_all[client_data.index]
+        term = client_state.conducive if conducive else None
 
         def drift(key_grad, theta):
-            v = jax.grad(model.log_prior)(theta) - oracle(key_grad, theta, client_data) / f_s
-            if conducive:
-                term = client_state.conducive
-                v = v + alpha32 * (term.offset - surrogates_lib.matvec(term.matrix, theta))
-            return v
+            return drift_estimate(key_grad, model, oracle, theta, client_data, f_s, term, alpha32)
 
         def step(j, carry):
             theta, draws = carry
@@ -191,9 +203,7 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
             return server_state, q, ServerInfo(step_size=jnp.zeros((), jnp.float32), broadcast_bits=_bits(q))
 
         def receive(client_state, q):
-            q_s, f_s = client_state.surrogate, client_state.share
-            term = ConduciveTerm(q.precision - q_s.precision / f_s, q.shift - q_s.shift / f_s)
-            return client_state._replace(conducive=term)
+            return client_state._replace(conducive=conducive_term(q, client_state.surrogate, client_state.share))
 
         setup = Setup(setup_client, setup_server, receive)
 

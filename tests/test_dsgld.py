@@ -1,0 +1,254 @@
+"""DSGLD and CG-DSGLD: estimator identities, exact stationary laws, surrogates, accounting.
+
+Laws used (per coordinate, Gaussian model with prior N(0, tau^2 I), unit noise): a Langevin
+chain ``theta <- theta + (h / 2)(-c theta + b + xi) + sqrt(h) Z`` with constant ``c`` and
+zero-mean noise ``xi`` of variance ``s2`` has the stationary mean ``b / c`` and variance
+``(h + (h / 2)^2 s2) / (1 - (1 - h c / 2)^2)``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedmcmc import gradients, surrogates
+from fedmcmc.base import Model
+from fedmcmc.data.federated import from_clients
+from fedmcmc.data.synthetic import logistic_regression_data
+from fedmcmc.models import gaussian_mean, linear_regression, logistic_regression
+from fedmcmc.samplers import cg_dsgld, dsgld, sgld
+from fedmcmc.samplers.dsgld import conducive_term, drift_estimate
+from fedmcmc.simulator import simulate
+from harness import Z, assert_close, check_gaussian
+
+TAU2 = 5.0  # prior variance of the Gaussian-mean model (the authors' notebook)
+
+
+def blobs(sizes=(30, 20, 40, 25, 35), dim=2, seed=0):
+    rng = np.random.default_rng(seed)
+    return from_clients([rng.uniform(-6, 6, dim) + rng.standard_normal((n, dim)) for n in sizes])
+
+
+def stationary_var(h, c, s2=0.0):
+    return (h + (h / 2) ** 2 * s2) / (1 - (1 - h * c / 2) ** 2)
+
+
+def fitted_terms(fit, model, data, f, theta0):
+    qs = [fit(jax.random.PRNGKey(i), model, data.client(i), theta0, f[i]) for i in range(data.num_clients)]
+    q = surrogates.product(jax.tree_util.tree_map(lambda *a: jnp.stack(a), *qs))
+    return [conducive_term(q, qs[i], f[i]) for i in range(data.num_clients)]
+
+
+def full_gradient(model, data, theta):
+    x = jax.tree_util.tree_map(lambda *a: jnp.asarray(np.concatenate(a)),
+                               *[data.unpadded(i) for i in range(data.num_clients)])
+    return jax.grad(lambda t: model.log_prior(t) + jnp.sum(jax.vmap(model.log_likelihood, (None, 0))(t, x)))(theta)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_conducive_estimator_is_unbiased(alpha):
+    """Lemma 1: E_s[v_s + alpha g_s] is the full gradient, here with inexact (diagonal Laplace)
+    surrogates of a logistic regression, unequal shards, non-uniform f_s and minibatches."""
+    full, _ = logistic_regression_data(seed=1, dim=3, num_points=120, num_clients=4, feature_scale=1.0)
+    data = from_clients([jax.tree_util.tree_map(lambda a: a[: n], full.unpadded(i)) for i, n in enumerate((30, 12, 25, 7))])
+    model = logistic_regression(3)
+    f = np.array([0.4, 0.1, 0.3, 0.2], np.float32)
+    theta = jnp.asarray([0.3, -0.5, 0.8])
+    terms = fitted_terms(surrogates.laplace("diag"), model, data, f, jnp.zeros(3))
+    oracle = gradients.minibatch_gradient(model, 4)
+    clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
+    stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *terms)
+
+    def one(key):
+        key_s, key_b = jax.random.split(key)
+        s = jax.random.categorical(key_s, jnp.log(jnp.asarray(f)))
+        cd = jax.tree_util.tree_map(lambda a: a[s], clients)
+        term = jax.tree_util.tree_map(lambda a: a[s], stacked)
+        return drift_estimate(key_b, model, oracle, theta, cd, jnp.asarray(f)[s], term, alpha)
+
+    draws = np.asarray(jax.jit(jax.vmap(one))(jax.random.split(jax.random.PRNGKey(0), 40_000)), np.float64)
+    assert_close(draws, np.asarray(full_gradient(model, data, theta)), f"E[v_s + {alpha} g_s]")
+    # the conducive term is not zero shard by shard, so the test has power
+    assert np.max(np.abs(terms[1].offset)) > 1.0
+
+
+@pytest.mark.parametrize("which", ["gaussian-mean", "linear-regression"])
+def test_exact_surrogates_cancel_the_shard_bias(which):
+    """With exact (Taylor) surrogates and full shards, v_s + g_s is the full gradient on every shard."""
+    if which == "gaussian-mean":
+        data, model = blobs(), gaussian_mean(2, prior_scale=np.sqrt(TAU2))
+    else:
+        rng = np.random.default_rng(3)
+        parts = []
+        for n in (15, 30, 22):
+            x = np.c_[np.ones(n), rng.normal(rng.normal(0, 2), 1, (n, 2))]
+            parts.append((x, x @ np.array([1.0, -2.0, 0.5]) + rng.standard_normal(n)))
+        data, model = from_clients(parts), linear_regression(3, noise_scale=1.0, prior_scale=2.0)
+    d, b = model.dim, data.num_clients
+    f = np.full(b, 1.0 / b, np.float32)
+    terms = fitted_terms(surrogates.taylor("full"), model, data, f, jnp.zeros(d))
+    laplace_terms = fitted_terms(surrogates.laplace("full", num_steps=3), model, data, f, jnp.zeros(d))
+    oracle = gradients.minibatch_gradient(model, None)
+    for theta in np.random.default_rng(1).normal(0, 3, (3, d)).astype(np.float32):
+        exact = np.asarray(full_gradient(model, data, jnp.asarray(theta)))
+        scale = np.max(np.abs(exact)) + 1.0
+        for i in range(b):
+            for t in (terms[i], laplace_terms[i]):
+                v = np.asarray(drift_estimate(None, model, oracle, jnp.asarray(theta), data.client(i), f[i], t))
+                np.testing.assert_allclose(v, exact, atol=2e-4 * scale * b)
+            biased = np.asarray(drift_estimate(None, model, oracle, jnp.asarray(theta), data.client(i), f[i]))
+            assert np.max(np.abs(biased - exact)) > 0.1 * scale  # DSGLD alone is off on each shard
+
+
+def test_dsgld_one_local_step_matches_sgld_in_law():
+    """One point per shard, f_s = 1/N, one local step: DSGLD is SGLD with batch size 1. Both
+    chains have the same exact stationary law (module docstring, xi = N (x_J - x_bar))."""
+    rng = np.random.default_rng(0)
+    n, d, h = 20, 2, 0.019
+    x = rng.normal(1.0, 2.0, (n, d))
+    data = from_clients([x[i: i + 1] for i in range(n)])
+    model = gaussian_mean(d, prior_scale=1.0)
+    c = n + 1.0
+    mean, var = n * x.mean(axis=0) / c, stationary_var(h, c, n**2 * x.var(axis=0))
+    ds = dsgld(model, np.full(n, 1.0 / n), h, 1)
+    samples = simulate(0, ds, data, mean, 400, num_chains=500, burn_in=100).samples
+    check_gaussian(samples, mean, var, "DSGLD, one step per visit")
+    sg = sgld(model, h / 2, batch_size=1)
+    samples = simulate(0, sg, data.pooled(), mean, 400, num_chains=500, burn_in=100).samples
+    check_gaussian(samples, mean, var, "SGLD, batch size 1")
+
+
+def test_cg_dsgld_with_exact_surrogates_samples_the_langevin_law_of_the_posterior():
+    """Exact surrogates, full shards: every local step is ULA on the posterior, whatever the
+    visit length; the draws within a visit are recorded."""
+    data = blobs()
+    model = gaussian_mean(2, prior_scale=np.sqrt(TAU2))
+    n = data.total
+    c = n + 1.0 / TAU2
+    mean = np.concatenate([data.unpadded(i) for i in range(data.num_clients)]).sum(axis=0) / c
+    h = 0.2 / c
+    sampler = cg_dsgld(model, data.weights, h, 10, record_every=2)
+    res = simulate(0, sampler, data, mean, 80, num_chains=400, burn_in=20)
+    assert res.samples.shape == (400, 300, 2)
+    check_gaussian(res.samples, mean, stationary_var(h, c), "CG-DSGLD, exact surrogates")
+
+
+def test_dsgld_long_visits_sample_the_shard_tempered_mixture():
+    """The pathology, exactly: after a long visit to shard s the chain has forgotten where it
+    came from and follows N(m_s, V_s), the Langevin law of p(theta) p(x_s | theta)^{1 / f_s}."""
+    data = blobs()
+    model = gaussian_mean(2, prior_scale=np.sqrt(TAU2))
+    b = data.num_clients
+    f = np.full(b, 1.0 / b)
+    h = 0.2 / (data.total + 1 / TAU2)
+    c_s = np.asarray(data.counts) / f + 1.0 / TAU2
+    assert np.max((1 - h * c_s / 2) ** 300) < 1e-6  # visits of 300 steps forget their start
+    m_s = np.stack([data.unpadded(i).sum(axis=0) / f[i] for i in range(b)]) / c_s[:, None]
+    v_s = stationary_var(h, c_s)[:, None]
+    mix_mean = f @ m_s
+    samples = simulate(0, dsgld(model, f, h, 300), data, mix_mean, 100, num_chains=200).samples
+    flat = samples.reshape(-1, 2).astype(np.float64)  # independent draws
+    se = flat.std(axis=0) / np.sqrt(flat.shape[0])
+    assert np.all(np.abs(flat.mean(axis=0) - mix_mean) < Z * se)
+    second = f @ (v_s + m_s**2)
+    sq = flat**2
+    assert np.all(np.abs(sq.mean(axis=0) - second) < Z * sq.std(axis=0) / np.sqrt(sq.shape[0]))
+    posterior_sd = np.sqrt(1 / (data.total + 1 / TAU2))
+    assert np.sqrt(np.max(f @ (m_s - mix_mean) ** 2)) > 20 * posterior_sd  # far from the posterior
+
+
+def _correlated_gaussian(h):
+    angle = 0.6
+    rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    precision = rot @ np.diag([0.25, 4.0]) @ rot.T
+    centre = np.array([1.5, -2.0])
+    p32 = jnp.asarray(precision, jnp.float32)
+
+    def log_likelihood(theta, m):
+        r = theta - m
+        return -0.5 * r @ p32 @ r
+
+    model = Model(log_likelihood, lambda t: jnp.zeros((), t.dtype), 2, "correlated-gaussian")
+    data = from_clients([centre[None]])
+    # the Langevin chain's stationary covariance: (P - h P^2 / 4)^{-1}
+    return model, data, centre, np.linalg.inv(precision - h * precision @ precision / 4)
+
+
+@pytest.mark.parametrize("covariance", ["full", "diag"])
+def test_sgld_surrogate_recovers_a_known_gaussian(covariance):
+    """Moments of local Langevin samples: the fitted mean and covariance (the inverse of the
+    fitted precision: a precision, not a covariance, travels) match the chain's exact law."""
+    h = 0.1
+    model, data, centre, cov = _correlated_gaussian(h)
+    fit = surrogates.sgld_moments(h, num_steps=40_000, burn_in=500, covariance=covariance)
+    cd = data.client(0)
+    fits = jax.jit(jax.vmap(lambda k: fit(k, model, cd, jnp.zeros(2), 1.0)))(jax.random.split(jax.random.PRNGKey(0), 16))
+    means = np.stack([np.asarray(surrogates.GaussianSurrogate(p, s).mean()) for p, s in zip(fits.precision, fits.shift)])
+    assert_close(means, centre, "fitted mean")
+    if covariance == "full":
+        covs = np.linalg.inv(np.asarray(fits.precision, np.float64)).reshape(16, 4)
+        assert_close(covs, cov.ravel(), "fitted covariance")
+    else:
+        assert_close(1.0 / np.asarray(fits.precision, np.float64), np.diag(cov), "fitted variances")
+
+
+def test_laplace_surrogate_sits_at_the_local_mode():
+    data, _ = logistic_regression_data(seed=2, dim=3, num_points=60, num_clients=2, feature_scale=1.0)
+    model = logistic_regression(3)
+    cd = data.client(0)
+    q = surrogates.laplace("full")(None, model, cd, jnp.zeros(3), 0.5)
+    log_density = surrogates.local_log_density(model, cd, 0.5)
+    mode = q.mean()
+    assert float(jnp.max(jnp.abs(jax.grad(log_density)(mode)))) < 1e-3
+    np.testing.assert_allclose(q.precision, -jax.hessian(log_density)(mode), rtol=1e-4, atol=1e-5)
+
+
+def test_communication_and_draw_accounting():
+    data = blobs()
+    model = gaussian_mean(2, prior_scale=np.sqrt(TAU2))
+    b, d = data.num_clients, 2
+    sampler = cg_dsgld(model, np.full(b, 1.0 / b), 1e-4, 20, batch_size=5, record_every=5)
+    res = simulate(3, sampler, data, np.zeros(2), 12, num_chains=2, burn_in=2, thinning=2)
+    m = 4
+    assert res.draws_per_round == m and res.samples.shape == (2, 5 * m, d)
+    np.testing.assert_allclose(res.draw_iterations[:m], [3.25, 3.5, 3.75, 4.0])
+    per_surrogate = surrogates.surrogate_bits(d, "full")
+    assert per_surrogate == 32 * (2 + 3)
+    assert np.all(res.setup_bits_up == b * per_surrogate) and np.all(res.setup_bits_down == b * per_surrogate)
+    assert np.all(res.total_bits_up == 12 * 32 * d * m + b * per_surrogate)
+    assert np.all(res.total_bits_down == 12 * 32 * d + b * per_surrogate)
+    assert res.bits_up.shape == res.samples.shape[:2] and res.bits_up[0, m - 1] == 2 * 32 * d * m
+    assert np.all(res.active.reshape(2, 5, m)[..., :-1] == 0) and np.all(res.active.reshape(2, 5, m)[..., -1] == 2)
+    # the last draw of a round is where the next visit starts
+    again = simulate(3, sampler, data, np.zeros(2), 12, num_chains=2, burn_in=2, thinning=2)
+    np.testing.assert_array_equal(res.samples, again.samples)
+
+
+def test_only_the_visited_shard_computes():
+    """The simulator runs one shard a round (max_active = 1); the dense path gives the same draws."""
+    data = blobs()
+    model = gaussian_mean(2, prior_scale=np.sqrt(TAU2))
+    sparse = cg_dsgld(model, data.weights, 1e-3, 5, batch_size=4, surrogate=surrogates.taylor("diag"))
+    assert sparse.participation.max_active == 1
+    dense = sparse._replace(participation=sparse.participation._replace(max_active=None))
+    a = simulate(0, sparse, data, np.zeros(2), 30, num_chains=3).samples
+    b = simulate(0, dense, data, np.zeros(2), 30, num_chains=3).samples
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_settings_are_rejected():
+    model = gaussian_mean(2)
+    with pytest.raises(ValueError, match="sum to 1"):
+        dsgld(model, [0.5, 0.4], 1e-4, 10)
+    with pytest.raises(ValueError, match="divisor"):
+        dsgld(model, [0.5, 0.5], 1e-4, 10, record_every=3)
+    with pytest.raises(ValueError, match="alpha"):
+        cg_dsgld(model, [0.5, 0.5], 1e-4, 10, alpha=0.0)
+    with pytest.raises(ValueError, match="covariance"):
+        surrogates.taylor("banded")
+    with pytest.raises(ValueError, match="step_size"):
+        dsgld(model, [0.5, 0.5], -1.0, 10)
+    with pytest.raises(ValueError, match="per-client"):
+        simulate(0, dsgld(model, [0.5, 0.5], 1e-4, 2), blobs(), np.zeros(2), 2)
