@@ -112,14 +112,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _overrides(pairs: list[str], module) -> dict:
     """Parse ``--set KEY=VALUE`` pairs against the study's own settings (numbers, or
-    comma-separated numbers for list settings)."""
+    comma-separated values for list settings)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or key not in module.FULL:
             raise ValueError(f"--set {pair!r}: use KEY=VALUE with KEY one of {', '.join(sorted(module.FULL))}")
         default = module.FULL[key]
-        if isinstance(default, (list, tuple)):
+        if isinstance(default, (list, tuple)) and all(isinstance(x, str) for x in default):
+            out[key] = value.split(",")
+        elif isinstance(default, (list, tuple)):
             out[key] = [_number(pair, key, v, all(isinstance(x, int) for x in default)) for v in value.split(",")]
         else:
             out[key] = _number(pair, key, value, isinstance(default, int))

@@ -15,6 +15,9 @@ Example::
     participation = { p = 0.5, scaling = "inverse_probability" }
     # FA-HMC / FA-LD: num_leapfrog = 10, local_steps = 10, correlation = 1.0,
     #                 gradient_noise = 0.0, debiased = false
+    # DSGLD / CG-DSGLD: local_steps = 200, record_every = 100, shard_probs = "uniform" or "size",
+    #                   CG-DSGLD: surrogate = "taylor" | "laplace" | "sgld", surrogate_covariance = "full",
+    #                   alpha = 1.0, surrogate_step_size, surrogate_steps, surrogate_burn_in (for "sgld")
 
     [run]
     seed = 0
@@ -33,13 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from fedmcmc import diagnostics, gradients, io
+from fedmcmc import diagnostics, gradients, io, surrogates
 from fedmcmc.compression import resolve_compressor
 from fedmcmc.data.synthetic import heterogeneous_gaussian, heterogeneous_local_posteriors
 from fedmcmc.models.gaussian import (gaussian_factors, gaussian_factors_posterior, gaussian_mean,
                                      gaussian_mean_posterior)
 from fedmcmc.participation import resolve_participation
-from fedmcmc.samplers import fa_hmc, lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
+from fedmcmc.samplers import cg_dsgld, dsgld, fa_hmc, lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
 from fedmcmc.simulator import simulate
 
 SAMPLERS = {
@@ -51,20 +54,27 @@ SAMPLERS = {
     "lsd++": "QLSD++ without compression",
     "fa-hmc": "federated averaging of local SG-HMC (Liang et al. 2024, Alg. 3); debiased = true for Alg. B.2",
     "fa-ld": "federated averaging Langevin dynamics (Deng et al. 2021): FA-HMC with one leapfrog step",
+    "dsgld": "distributed SGLD (Ahn et al. 2014): a chain visits one shard at a time for local_steps steps",
+    "cg-dsgld": "DSGLD with conducive gradients from Gaussian shard surrogates (El Mekkaoui et al. 2021); alias 'fsgld'",
 }
 PROBLEMS = {
     "heterogeneous-gaussian": "Gaussian mean, heterogeneous clients, flat prior; exact posterior (QLSD Sec. 4)",
     "heterogeneous-local-posteriors": "half the clients N(20, I), half N(1, 4 I) locally; exact posterior (FA-HMC Sec. 5.2)",
+    "gaussian-blobs": "10 shards of 200 points around centres uniform in [-6, 6]^2, prior N(0, 5 I); exact posterior (FSGLD Sec. 5.1)",
 }
 _PROBLEM_KEYS = {
     "heterogeneous-gaussian": {"name", "seed", "num_clients", "dim", "min_size", "max_size", "mean_spread"},
     "heterogeneous-local-posteriors": {"name", "num_clients", "dim"},
+    "gaussian-blobs": {"name", "data_seed", "num_shards", "points_per_shard"},
 }
 _FA_KEYS = {"num_leapfrog", "local_steps", "correlation", "gradient_noise", "debiased"}
+_DSGLD_KEYS = {"local_steps", "record_every", "shard_probs"}
+_CG_KEYS = {"surrogate", "surrogate_covariance", "alpha", "surrogate_step_size", "surrogate_steps", "surrogate_burn_in"}
+_SURROGATES = ("taylor", "laplace", "sgld")
 _SECTIONS = {
     "problem": set().union(*_PROBLEM_KEYS.values()),
     "sampler": {"name", "step_size", "batch_size", "batch_fraction", "compression", "participation",
-                "refresh_every", "memory", "memory_rate"} | _FA_KEYS,
+                "refresh_every", "memory", "memory_rate"} | _FA_KEYS | _DSGLD_KEYS | _CG_KEYS,
     "run": {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"},
 }
 
@@ -103,16 +113,37 @@ def validate(cfg: dict) -> None:
         raise ConfigError(f"unknown key(s) {sorted(unknown)} for problem {name!r}; allowed: "
                           f"{sorted(_PROBLEM_KEYS[name])}")
     sampler = str(cfg["sampler"].get("name", "")).lower()
-    if sampler not in SAMPLERS and sampler != "qlsd":
+    if sampler not in SAMPLERS and sampler not in ("qlsd", "fsgld"):
         raise ConfigError(f"unknown sampler {cfg['sampler'].get('name')!r}; available: {', '.join(SAMPLERS)}")
+    sampler = "cg-dsgld" if sampler == "fsgld" else sampler
     fa_keys = set(cfg["sampler"]) & _FA_KEYS
+    ds_keys = set(cfg["sampler"]) & (_DSGLD_KEYS | _CG_KEYS)
+    if sampler in ("dsgld", "cg-dsgld"):
+        if "local_steps" not in ds_keys:
+            raise ConfigError(f"[sampler] {sampler} needs local_steps, the local steps per visit to a shard")
+        extra = (fa_keys - {"local_steps"}) | (set(cfg["sampler"]) & {"compression", "participation", "refresh_every",
+                                                                      "memory", "memory_rate"})
+        if sampler == "dsgld":
+            extra |= ds_keys & _CG_KEYS
+        if extra:
+            raise ConfigError(f"{sampler} does not take {sorted(extra)} (its participation is the shard schedule, "
+                              "shard_probs)")
+        surrogate = cfg["sampler"].get("surrogate", "taylor")
+        if surrogate not in _SURROGATES:
+            raise ConfigError(f"unknown surrogate {surrogate!r}; choose one of {_SURROGATES}")
+        if surrogate == "sgld" and "surrogate_step_size" not in ds_keys:
+            raise ConfigError("surrogate = \"sgld\" needs surrogate_step_size, the local Langevin step")
+        if cfg["sampler"].get("shard_probs", "uniform") not in ("uniform", "size"):
+            raise ConfigError("shard_probs must be \"uniform\" (f_s = 1/S) or \"size\" (f_s = N_s / N)")
+    elif ds_keys - {"local_steps"}:
+        raise ConfigError(f"{sorted(ds_keys - {'local_steps'})} are DSGLD settings; {sampler} does not take them")
     if sampler in ("fa-hmc", "fa-ld"):
         needed = {"local_steps"} | ({"num_leapfrog"} if sampler == "fa-hmc" else set())
         if needed - fa_keys:
             raise ConfigError(f"[sampler] {sampler} needs {', '.join(sorted(needed - fa_keys))}")
         if sampler == "fa-ld" and "num_leapfrog" in fa_keys:
             raise ConfigError("fa-ld takes one leapfrog step by definition; drop num_leapfrog or use fa-hmc")
-    elif fa_keys:
+    elif fa_keys - {"local_steps"} or (fa_keys and sampler not in ("dsgld", "cg-dsgld")):
         raise ConfigError(f"{sorted(fa_keys)} are FA-HMC settings; {sampler} does not take them")
     if "step_size" not in cfg["sampler"]:
         raise ConfigError("[sampler] needs step_size")
@@ -135,7 +166,11 @@ def build(cfg: dict) -> dict[str, Any]:
             raise ConfigError(f"[problem] {key} must be a non-negative number (got {value!r})")
     if p.get("min_size", 10) >= p.get("max_size", 200) or p.get("num_clients", 20) < 1 or p.get("dim", 50) < 1:
         raise ConfigError("[problem] needs num_clients >= 1, dim >= 1 and min_size < max_size")
-    if problem == "heterogeneous-local-posteriors":
+    if problem == "gaussian-blobs":
+        from fedmcmc.experiments.cgdsgld_gaussian_mean import FULL, blobs_problem
+
+        data, model, exact = blobs_problem({**FULL, **p})
+    elif problem == "heterogeneous-local-posteriors":
         data = heterogeneous_local_posteriors(p.get("dim", 50), p.get("num_clients", 10))
         model = gaussian_factors(p.get("dim", 50))
         exact = gaussian_factors_posterior(data)
@@ -146,7 +181,7 @@ def build(cfg: dict) -> dict[str, Any]:
 
     s = dict(cfg["sampler"])
     name = s.pop("name").lower()
-    name = "qlsd#" if name == "qlsd" else name
+    name = {"qlsd": "qlsd#", "fsgld": "cg-dsgld"}.get(name, name)
     step = s.pop("step_size")
     fraction = s.pop("batch_fraction", None)
     batch = s.pop("batch_size", None)
@@ -158,6 +193,7 @@ def build(cfg: dict) -> dict[str, Any]:
     memory = s.pop("memory", True)
     memory_rate = s.pop("memory_rate", None)
     fa = {key: s.pop(key) for key in _FA_KEYS & set(s)}
+    ds = {key: s.pop(key) for key in (_DSGLD_KEYS | _CG_KEYS) & set(s)}
     if not isinstance(fa.get("debiased", False), bool):
         raise ConfigError(f"[sampler] debiased must be true or false (got {fa['debiased']!r})")
     mode = None
@@ -177,11 +213,29 @@ def build(cfg: dict) -> dict[str, Any]:
         fa.setdefault("num_leapfrog", 1)
         sampler = fa_hmc(model, data.weights, step, fa.pop("num_leapfrog"), fa.pop("local_steps"),
                          batch_size=batch, compressor=compressor, participation=part, name=name, **fa)
+    elif name in ("dsgld", "cg-dsgld"):
+        probs = data.weights if ds.pop("shard_probs", "uniform") == "size" else np.full(data.num_clients, 1 / data.num_clients)
+        local = fa.pop("local_steps")
+        common = dict(batch_size=batch, record_every=ds.pop("record_every", None), name=name)
+        if name == "dsgld":
+            sampler = dsgld(model, probs, step, local, **common)
+        else:
+            sampler = cg_dsgld(model, probs, step, local, surrogate=_surrogate(ds), alpha=ds.pop("alpha", 1.0), **common)
     elif name == "qlsd++":
         sampler = qlsd_pp(model, step, batch, compressor, part, refresh, memory, memory_rate)
     else:
         sampler = lsd_pp(model, step, batch, part, refresh)
     return {"data": data, "model": model, "exact": exact, "sampler": sampler, "mode": mode}
+
+
+def _surrogate(ds: dict):
+    kind, covariance = ds.get("surrogate", "taylor"), ds.get("surrogate_covariance", "full")
+    if kind == "taylor":
+        return surrogates.taylor(covariance)
+    if kind == "laplace":
+        return surrogates.laplace(covariance)
+    return surrogates.sgld_moments(ds["surrogate_step_size"], ds.get("surrogate_steps", 5000),
+                                   ds.get("surrogate_burn_in", 1000), covariance)
 
 
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
@@ -205,7 +259,9 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
         "upload_bits_per_chain": float(res.total_bits_up.mean()),
         "download_bits_per_chain": float(res.total_bits_down.mean()),
         "bits_per_iteration": float(res.total_bits_up.mean() / res.num_iterations),
-        "mean_active_clients": float(res.active.sum(axis=1).mean() / max(res.samples.shape[1] * res.thinning, 1)),
+        "mean_active_clients": float(res.active.sum(axis=1).mean()
+                                     / max(res.samples.shape[1] // res.draws_per_round * res.thinning, 1)),
+        "setup_bits_per_chain": float(res.setup_bits_up.mean() + res.setup_bits_down.mean()),
         "diagnostics": diagnostics.summary(res.samples),
         "theta_star": None if built["mode"] is None else {"rounds": built["mode"].rounds, "bits": built["mode"].bits},
         "sampler_seconds": res.wall_seconds,

@@ -144,6 +144,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         "wall_seconds": time.perf_counter() - started,
     }
     io.write_json(out / "results.json", payload)
+    io.write_posterior(out / "posterior.nc", kept, attrs={"experiment": NAME, "quick": quick})
     plot_mse(out / "mse_vs_samples.png", results, sgld_result, cfg, quick)
     plot_scatter(out / "scatter.png", kept, data, post, cfg)
     plot_epsilon_gamma(out / "epsilon_gamma.png", payload["epsilon_gamma"])

@@ -79,7 +79,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     per_dataset = {}
     for name in cfg["datasets"]:
         curves = {str(l): {m: [] for m in METHODS} for l in cfg["local_updates"]}
-        reference, splits = [], []
+        reference, splits, first = [], [], {}
         for k in range(cfg["num_seeds"]):
             split_seed = cfg["seed"] + k
             data, model, post, split, noise, h, h_q = problem(name, split_seed, cfg)
@@ -106,6 +106,8 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
                                    out_dir=out / "runs" / tag)
                     ends, curve = test_mse_curve(res.samples, split, cfg["curve_points"])
                     curves[str(local)][method].append(curve)
+                    if k == 0:
+                        first[common["name"]] = res
         table = {}
         for local, methods in curves.items():
             table[local] = {}
@@ -122,6 +124,8 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
                                                           "var": float(np.var(reference, ddof=1)) if len(reference) > 1 else float("nan"),
                                                           "per_seed": reference},
                              "local_updates": table, "splits": splits}
+        io.write_posterior(out / f"posterior_{name}.nc", first, attrs={"experiment": NAME, "dataset": name,
+                                                                      "split_seed": cfg["seed"], "quick": quick})
     payload = {"experiment": NAME, "quick": quick, "settings": cfg, "datasets": per_dataset,
                "wall_seconds": time.perf_counter() - started}
     io.write_json(out / "results.json", payload)
