@@ -9,7 +9,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FEDMCMC_CACHE", str(tmp_path))
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) >= 2
+    assert len(blocks) >= 3
     exec(compile("\n".join(blocks), str(README), "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert float(printed[-1]) < 0.05  # de-biased FA-HMC's marginal error against NUTS
+    assert float(printed[-2]) < 0.05  # de-biased FA-HMC's marginal error against NUTS
+    assert printed[-1] == f"(4, 300, 9) {10 * 32 * 18}.0 bits of surrogates"  # diagonal: 9 + 9 floats a shard

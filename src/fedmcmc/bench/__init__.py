@@ -8,6 +8,10 @@
 (c) ``fa_hmc_overhead``: per-datum gradient evaluations per second of FA-HMC (20 clients,
     logistic regression, K = 10, T = 10) against centralised unadjusted HMC on the pooled data
     with the same K and T, i.e. the same gradient work per round.
+(d) ``dsgld_overhead``: local Langevin steps per second of CG-DSGLD (10 shards of the Gaussian
+    blobs, 200 local steps a visit, minibatches of 10) against centralised SGLD with the same
+    minibatch on the pooled data; and ``dsgld_sparse_speedup``, the gain from stepping only
+    the visited shard (``max_active = 1``) over stepping all shards and keeping one.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
 from fedmcmc.models import logistic_regression
 from fedmcmc.models.gaussian import gaussian_mean
-from fedmcmc.samplers import fa_hmc, qlsd_sharp, qlsd_star, sgld
+from fedmcmc.samplers import cg_dsgld, fa_hmc, qlsd_sharp, qlsd_star, sgld
 from fedmcmc.simulator import simulate
 
 STEP = 4.9e-4
@@ -79,6 +83,22 @@ def fa_hmc_rates(chains: int, rounds: int, num_leapfrog: int = 10, local_steps: 
                          "rounds": rounds, "num_leapfrog": num_leapfrog, "local_steps": local_steps}}
 
 
+def dsgld_rates(chains: int, rounds: int, local_steps: int = 200) -> dict:
+    """Local Langevin steps per second: CG-DSGLD (sparse and dense execution) and centralised SGLD."""
+    from fedmcmc.experiments.cgdsgld_gaussian_mean import FULL, blobs_problem
+
+    data, model, _ = blobs_problem(FULL)
+    f = np.full(data.num_clients, 1.0 / data.num_clients)
+    sparse = cg_dsgld(model, f, 1e-4, local_steps, batch_size=10)
+    dense = sparse._replace(participation=sparse.participation._replace(max_active=None))
+    steps = rounds * local_steps
+    return {"cg_dsgld_steps_per_second": _rate(sparse, data, chains, rounds, d=2) * local_steps,
+            "cg_dsgld_dense_steps_per_second": _rate(dense, data, chains, rounds, d=2) * local_steps,
+            "sgld_steps_per_second": _rate(sgld(model, 5e-5, 10), data.pooled(), chains, steps, d=2),
+            "settings": {"shards": data.num_clients, "points": data.total, "chains": chains, "rounds": rounds,
+                         "local_steps": local_steps, "batch_size": 10}}
+
+
 def run(out: Path, quick: bool = False) -> dict:
     data, model, batch, mode = _toy()
     iters = 2_000 if quick else 10_000
@@ -101,6 +121,7 @@ def run(out: Path, quick: bool = False) -> dict:
     fed_full = _rate(qlsd_sharp(model, STEP, None, identity()), data, 30, iters)
     central_full = _rate(sgld(model, STEP, None), data.pooled(), 30, iters)
     fa = fa_hmc_rates(20, 20 if quick else 100)
+    ds = dsgld_rates(20, 50 if quick else 200)
     payload = {
         "quick": quick,
         "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
@@ -117,6 +138,9 @@ def run(out: Path, quick: bool = False) -> dict:
         "federation_overhead": central / fed,
         "fa_hmc": fa,
         "fa_hmc_overhead": fa["centralised_uhmc_gradients_per_second"] / fa["fa_hmc_gradients_per_second"],
+        "dsgld": ds,
+        "dsgld_overhead": ds["sgld_steps_per_second"] / ds["cg_dsgld_steps_per_second"],
+        "dsgld_sparse_speedup": ds["cg_dsgld_steps_per_second"] / ds["cg_dsgld_dense_steps_per_second"],
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
     }
