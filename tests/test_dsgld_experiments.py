@@ -36,6 +36,7 @@ def test_cgdsgld_linear_regression(tmp_path):
     assert set(methods) == {"DSGLD", "CG-DSGLD (exact)", "CG-DSGLD (SGLD diag)"}
     for m in methods.values():
         assert len(m["per_seed"]) == 2 and m["final_test_mse_mean"] >= 0.9 * exact
+        assert abs(m["excess_over_exact_mean"] - (m["final_test_mse_mean"] - exact)) < 1e-6 * exact
     assert (tmp_path / "cgdsgld-linear-regression" / "test_mse_vs_samples.png").stat().st_size > 0
 
 
