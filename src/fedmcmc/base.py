@@ -69,12 +69,17 @@ class Model(NamedTuple):
         Dimension ``d`` of ``theta``.
     name
         Short name used in outputs.
+    predict
+        Optional ``predict(theta, inputs) -> predictions`` for a batch of inputs: class
+        probabilities ``[n, K]`` for classifiers, predictive means ``[n]`` for regression.
+        Predictive metrics average it over posterior draws (the Bayesian model average).
     """
 
     log_likelihood: Callable[[Array, Any], Array]
     log_prior: Callable[[Array], Array]
     dim: int
     name: str = "model"
+    predict: Callable[[Array, Any], Array] | None = None
 
 
 class CompressionInfo(NamedTuple):
