@@ -129,3 +129,24 @@ def test_logistic_data_shapes_and_weights():
     np.testing.assert_allclose(data.weights, 0.2)
     with pytest.raises(ValueError, match="multiple"):
         logistic_regression_data(num_points=101, num_clients=5)
+
+
+def test_predict_of_the_regression_models_matches_their_likelihoods():
+    import jax
+    import jax.numpy as jnp
+
+    from fedmcmc.models import linear_regression, logistic_regression
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((6, 3)), jnp.float32)
+    theta = jnp.asarray([0.5, -1.0, 2.0])
+    model = logistic_regression(3)
+    probs = np.asarray(model.predict(theta, x))
+    p1 = np.exp(np.asarray(jax.vmap(model.log_likelihood, (None, 0))(theta, (x, jnp.ones(6)))))
+    np.testing.assert_allclose(probs[:, 1], p1, rtol=1e-5)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-6)
+    lin = linear_regression(3, noise_scale=0.5)
+    mean = np.asarray(lin.predict(theta, x))
+    # the log-likelihood is largest at y = the predictive mean
+    ll = jax.vmap(lin.log_likelihood, (None, 0))
+    assert np.all(np.asarray(ll(theta, (x, jnp.asarray(mean)))) > np.asarray(ll(theta, (x, jnp.asarray(mean) + 0.1))))

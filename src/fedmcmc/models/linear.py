@@ -31,7 +31,11 @@ def linear_regression(dim: int, noise_scale: float = 1.0, prior_scale: float = 1
     def log_prior(theta):
         return -0.5 * jnp.sum(theta**2) / t2
 
-    return Model(log_likelihood, log_prior, dim, name="linear-regression")
+    def predict(theta, inputs):
+        """Predictive means ``[n]``: ``x . theta``."""
+        return inputs @ theta
+
+    return Model(log_likelihood, log_prior, dim, name="linear-regression", predict=predict)
 
 
 class LinearPosterior(NamedTuple):

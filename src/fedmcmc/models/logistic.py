@@ -23,4 +23,9 @@ def logistic_regression(dim: int, prior_scale: float = 1.0) -> Model:
     def log_prior(theta):
         return -0.5 * jnp.sum(theta**2) / t2
 
-    return Model(log_likelihood, log_prior, dim, name="logistic-regression")
+    def predict(theta, inputs):
+        """Class probabilities ``[n, 2]``: ``(1 - sigmoid(x . theta), sigmoid(x . theta))``."""
+        p = jax.nn.sigmoid(inputs @ theta)
+        return jnp.stack([1.0 - p, p], axis=-1)
+
+    return Model(log_likelihood, log_prior, dim, name="logistic-regression", predict=predict)
