@@ -685,8 +685,9 @@ def pca_project(split: ClassificationSplit, num_components: int) -> Classificati
         raise ValueError(f"num_components must lie in 1..{min(x_tr.shape)} for {x_tr.shape[0]} training points "
                          f"of {x_tr.shape[1]} features (got {num_components!r})")
     mean = x_tr.mean(axis=0)
-    _, _, vt = np.linalg.svd(x_tr - mean, full_matrices=False)
-    axes = vt[:m].T
+    centred = x_tr - mean
+    _, vectors = np.linalg.eigh(centred.T @ centred)  # ascending eigenvalues
+    axes = vectors[:, ::-1][:, :m]
 
     def project(a):
         return ((a.reshape(a.shape[0], -1) - mean) @ axes).astype(np.float32)

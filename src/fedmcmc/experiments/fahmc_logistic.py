@@ -199,6 +199,7 @@ def plot_group(path: Path, results: dict, names: list[str], title: str):
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"FA-HMC, Fashion-MNIST softmax regression: {title}")
+    fig.tight_layout()
     io.save_figure(fig, path)
 
 
