@@ -217,4 +217,5 @@ def plot_cost(path: Path, results: dict, groups: dict, title: str):
         ax.set_title(("K varies" if group == "leapfrog" else "T varies") + title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+    fig.tight_layout()
     io.save_figure(fig, path)
