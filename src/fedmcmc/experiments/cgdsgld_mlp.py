@@ -47,9 +47,9 @@ SUMMARY = ("SGLD, DSGLD and FSGLD on a Bayesian MLP (hidden 18-8), KEEL MAGIC, 3
 
 FULL = dict(seed=0, dataset="keel:magic", num_seeds=10, num_shards=30, test_fraction=0.2, hidden=[18, 8],
             prior_scale=1.0, betas=[100.0, 0.5], methods=["SGLD", "DSGLD", "FSGLD"], batch_size=20,
-            local_updates=100, iterations=100_000, burn_in=50_000, thinning=100, step_size=1e-5,
-            surrogate_step_factor=30.0, surrogate_steps=10_000, surrogate_burn_in=2_000, alpha=1.0)
-QUICK = dict(FULL, num_seeds=2, iterations=40_000, burn_in=20_000, surrogate_steps=4_000, surrogate_burn_in=1_000)
+            local_updates=100, iterations=60_000, burn_in=30_000, thinning=100, step_size=1e-5,
+            surrogate_step_factor=30.0, surrogate_steps=5_000, surrogate_burn_in=1_000, alpha=1.0)
+QUICK = dict(FULL, num_seeds=2, iterations=20_000, burn_in=10_000, surrogate_steps=2_000, surrogate_burn_in=500)
 METHODS = ("SGLD", "DSGLD", "FSGLD")
 METRICS = ("train_log_likelihood", "test_log_likelihood", "train_accuracy", "test_accuracy")
 
