@@ -143,11 +143,11 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             sizes.append(int(data.total))
             for method in cfg["methods"]:
                 res = sample(method, run_seed, data, model, theta0, cfg, out, f"a{a:g}-s{run_seed}", progress, resume)
-                draws = res.samples[0]
-                for name, (x, y) in (("train", (x_tr, y_tr)), ("test", (split.x_test, split.y_test))):
-                    probs = predictive.predict_bma(model, draws, x)
-                    values[method][f"{name}_log_likelihood"].append(-predictive.nll(probs, y))
-                    values[method][f"{name}_accuracy"].append(predictive.accuracy(probs, y))
+                # one pass over train and test points: the model average of the kept draws
+                probs = predictive.predict_bma(model, res.samples[0], np.concatenate([x_tr, split.x_test]))
+                for name, p, y in (("train", probs[:len(y_tr)], y_tr), ("test", probs[len(y_tr):], split.y_test)):
+                    values[method][f"{name}_log_likelihood"].append(-predictive.nll(p, y))
+                    values[method][f"{name}_accuracy"].append(predictive.accuracy(p, y))
                 if k == 0:
                     first[f"{label} {method}"] = res
         partitions[label] = {
