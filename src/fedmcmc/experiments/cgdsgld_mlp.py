@@ -94,9 +94,10 @@ def problem(dataset, seed: int, a: float, cfg: dict):
 
 def sample(method: str, seed: int, data, model, theta0, cfg: dict, out: Path, tag: str, progress: bool,
            resume: bool):
-    """Run one method and return its kept draws ``[draw, d]``."""
+    """Run one method (one chain) and return its :class:`~fedmcmc.simulator.SimulationResult`."""
     h, local, m, s = cfg["step_size"], cfg["local_updates"], cfg["batch_size"], cfg["num_shards"]
-    common = dict(progress=progress, description=f"{tag} {method}", resume=resume, out_dir=out / "runs" / f"{tag}-{method}")
+    common = dict(progress=progress, description=f"{tag} {method}", resume=resume,
+                  out_dir=out / "runs" / f"{tag}-{method}")
     if method == "SGLD":  # sgld's step gamma moves theta by -gamma grad U + sqrt(2 gamma) Z: gamma = h / 2
         res = simulate(seed, sgld(model, h / 2, batch_size=m), data.pooled(), theta0, cfg["iterations"],
                        burn_in=cfg["burn_in"], thinning=cfg["thinning"], **common)
