@@ -166,23 +166,22 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
 
 
 def plot(path: Path, partitions: dict, cfg: dict, quick: bool):
-    """Bars: train and test log-likelihood per datum and test accuracy, mean ± s.e. over seeds."""
+    """Train and test log-likelihood per datum and test accuracy, mean ± s.e. over seeds, per
+    partition and method (``plot(path, r["partitions"], r["settings"], r["quick"])`` redraws a
+    saved ``results.json``)."""
     panels = (("train_log_likelihood", "train log-likelihood per datum"),
               ("test_log_likelihood", "test log-likelihood per datum"), ("test_accuracy", "test accuracy"))
     fig, axes = io.new_figure(ncols=len(panels), figsize=(13, 3.8))
     labels = list(partitions)
-    width = 0.8 / max(1, len(cfg["methods"]))
+    width = 0.6 / max(1, len(cfg["methods"]))
     for ax, (key, title) in zip(axes, panels):
         for i, method in enumerate(cfg["methods"]):
             mean = [partitions[p]["methods"][method][key]["mean"] for p in labels]
             se = [partitions[p]["methods"][method][key]["se"] for p in labels]
-            ax.bar(np.arange(len(labels)) + (i - (len(cfg["methods"]) - 1) / 2) * width, mean, width,
-                   yerr=np.nan_to_num(se), capsize=3, color=f"C{i}", label=method)
-        lo = min(partitions[p]["methods"][mt][key]["mean"] for p in labels for mt in cfg["methods"])
-        hi = max(partitions[p]["methods"][mt][key]["mean"] for p in labels for mt in cfg["methods"])
-        pad = 0.15 * (hi - lo) + 1e-3
-        ax.set_ylim(lo - 2 * pad, hi + pad)
+            ax.errorbar(np.arange(len(labels)) + (i - (len(cfg["methods"]) - 1) / 2) * width, mean,
+                        yerr=np.nan_to_num(se), fmt="o", capsize=4, color=f"C{i}", label=method)
         ax.set_xticks(np.arange(len(labels)), labels)
+        ax.set_xlim(-0.5, len(labels) - 0.5)
         ax.set_title(title, fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
