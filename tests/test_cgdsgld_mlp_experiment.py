@@ -1,0 +1,69 @@
+"""The FSGLD Table 1 analogue (``cgdsgld-mlp``): its metric, and a tiny run's structure."""
+
+import numpy as np
+import pytest
+
+from fedmcmc.experiments import cgdsgld_mlp, get
+from fedmcmc.models import mlp, mlp_layout
+
+
+def test_log_likelihood_per_datum_is_log_of_averaged_probabilities():
+    # a 3-2-1 ReLU net, 4 draws, 5 points: log((1/T) sum_t sigmoid(+-z_t)) averaged over points, by hand
+    rng = np.random.default_rng(0)
+    model = mlp(3, hidden=(2,), num_classes=1)
+    layout = mlp_layout(3, (2,), 1)
+    draws = rng.normal(size=(4, model.dim)).astype(np.float32)
+    x = rng.normal(size=(5, 3)).astype(np.float32)
+    y = np.array([0, 1, 1, 0, 1])
+    probs = []
+    for theta in draws:
+        p = {k: np.asarray(v, np.float64) for k, v in layout.unflatten(theta).items()}
+        z = np.maximum(x @ p["dense1/w"] + p["dense1/b"], 0) @ p["dense2/w"][:, 0] + p["dense2/b"][0]
+        probs.append(np.where(y == 1, 1 / (1 + np.exp(-z)), 1 / (1 + np.exp(z))))
+    expected = np.mean(np.log(np.mean(probs, axis=0)))
+    got = cgdsgld_mlp.log_likelihood_per_datum(model, draws[None], x, y)
+    assert got == pytest.approx(expected, abs=1e-5)
+    # not the average of the per-draw log-likelihoods, which Jensen puts strictly below
+    assert np.mean(np.log(probs)) < got - 1e-3
+
+
+TINY = dict(num_seeds=2, num_shards=4, hidden=[4], betas=[0.5], iterations=400, burn_in=200, local_updates=50,
+            thinning=50, surrogate_steps=100, surrogate_burn_in=20, surrogate_step_factor=4.0)
+
+
+def test_tiny_run_structure(tmp_path):
+    assert get("cgdsgld-mlp") is cgdsgld_mlp
+    r = cgdsgld_mlp.run(tmp_path, quick=True, progress=False, settings=TINY)
+    assert list(r["partitions"]) == ["Beta(0.5, 0.5)"]
+    part = r["partitions"]["Beta(0.5, 0.5)"]
+    assert part["num_train_used"] == [4 * (5350 // 4)] * 2  # 5,350 hadrons in the 80% training part
+    assert part["label_skew_tv"]["mean"] > 0.1  # Beta(0.5, 0.5) shares: far from the pooled proportion
+    assert set(part["methods"]) == {"SGLD", "DSGLD", "FSGLD"}
+    for m in part["methods"].values():
+        assert set(m) == set(cgdsgld_mlp.METRICS)
+        for s in m.values():
+            assert len(s["per_seed"]) == 2 and np.isfinite(s["se"])
+            assert s["mean"] == pytest.approx(np.mean(s["per_seed"]))
+        assert all(v < 0 for v in m["train_log_likelihood"]["per_seed"] + m["test_log_likelihood"]["per_seed"])
+        assert all(0 <= v <= 1 for v in m["train_accuracy"]["per_seed"] + m["test_accuracy"]["per_seed"])
+    assert r["model"]["dim"] == 10 * 4 + 4 + 4 + 1
+    # 200 kept SGLD steps learn: the model average fits the training shards better than the starting point
+    cfg = dict(cgdsgld_mlp.QUICK, **TINY)
+    split, _, _, (x_tr, y_tr), model, theta0 = cgdsgld_mlp.problem(
+        cgdsgld_mlp.load_classification("keel:magic"), 0, 0.5, cfg)
+    start = cgdsgld_mlp.log_likelihood_per_datum(model, np.asarray(theta0)[None], x_tr, y_tr)
+    assert part["methods"]["SGLD"]["train_log_likelihood"]["per_seed"][0] > start + 0.05
+    for name in ("results.json", "log_likelihood.png", "posterior.nc"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize("settings, fragment", [
+    (dict(methods=["SGLD", "FSGDL"]), "unknown methods"),
+    (dict(local_updates=30), "must divide"),
+    (dict(betas=[0.0]), "must be > 0"),
+    (dict(dataset="digits"), "binary"),
+])
+def test_bad_settings_raise_one_line_errors(tmp_path, settings, fragment):
+    with pytest.raises(ValueError, match=fragment) as err:
+        cgdsgld_mlp.run(tmp_path, quick=True, progress=False, settings=settings)
+    assert "\n" not in str(err.value)
