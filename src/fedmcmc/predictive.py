@@ -24,6 +24,7 @@ per-coordinate alternative :func:`hpd_interval`, :func:`marginal_hpd_relative_er
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, Mapping, NamedTuple
@@ -77,11 +78,17 @@ def _batched_over_draws(fn, theta: np.ndarray, batch_size: int, reduce_mean: boo
 
 
 def _vmapped_predict(model):
-    import jax
-
     if model.predict is None:
         raise ValueError(f"model {model.name!r} has no predict function")
-    return jax.jit(jax.vmap(model.predict, in_axes=(0, None)))
+    return _jit_over_draws(model.predict)
+
+
+@functools.lru_cache(maxsize=32)
+def _jit_over_draws(predict):
+    """One jitted ``vmap`` per predict function, so repeated calls do not compile again."""
+    import jax
+
+    return jax.jit(jax.vmap(predict, in_axes=(0, None)))
 
 
 def predict_draws(model, samples, inputs, batch_size: int = 256) -> np.ndarray:
