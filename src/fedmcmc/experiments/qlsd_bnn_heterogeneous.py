@@ -54,7 +54,7 @@ SUMMARY = ("BNN on MNIST-5k over 20 dominant-label clients: SGLD, pSGLD, QLSD(+P
 FULL = dict(seed=0, dataset="mnist5k", ood_dataset="auto", num_train=4000, num_test=1000, num_ood=1000,
             image_size=14, model="mlp", hidden=[32], prior_scale=1.0, num_clients=20, dominant=0.4, other=0.01,
             iterations=3000, burn_in=1500, thinning=30, num_chains=1, lr=0.1, lr_rmsprop=1e-3, batch_size=10,
-            levels=256, participation=0.25, refresh_every=100, local_steps=20, surrogate_steps=500,
+            levels=256, participation=0.25, refresh_every=100, local_steps=10, surrogate_steps=500,
             surrogate_burn_in=500, surrogate_step_factor=10.0, surrogate_batch=10, ece_bins=15,
             methods=["SGLD", "pSGLD", "QLSD", "QLSD (PP)", "QLSD++", "QLSD++ (PP)", "FSGLD"])
 QUICK = dict(FULL, num_test=500, num_ood=500, hidden=[16], iterations=600, burn_in=300, thinning=20,
