@@ -22,7 +22,8 @@ kept draws of ``num_chains`` chains):
   scaling ``b / |A_k|``) evaluates only the active clients'; FSGLD / CG-DSGLD moves one
   shard's chain with its full shard gradient (196 points) per local step, ``local_steps``
   steps per visit, so ``K`` local steps in all (``K / local_steps`` rounds), step ``h = 2 gamma``,
-  with diagonal Gaussian surrogates from local SGLD (El Mekkaoui et al., UAI 2021);
+  with diagonal Gaussian surrogates from local SGLD (El Mekkaoui et al., UAI 2021); DSGLD is
+  the same chain without the conducive gradient (a diagnostic row);
 * quantisation ``C^(s)`` with ``s = levels`` (2^8 in the authors' code) on each client's
   whole upload; QLSD++ memory rate ``1 / (omega + 1)``.
 
@@ -44,7 +45,7 @@ from fedmcmc.data import partition
 from fedmcmc.data.datasets import load_classification, split_and_standardise
 from fedmcmc.experiments.settings import resolve
 from fedmcmc.models import lenet5, lenet5_layout, mlp, mlp_layout
-from fedmcmc.samplers import cg_dsgld, psgld, qlsd_pp, qlsd_sharp, sgld
+from fedmcmc.samplers import cg_dsgld, dsgld, psgld, qlsd_pp, qlsd_sharp, sgld
 from fedmcmc.simulator import DivergenceError, simulate
 
 NAME = "qlsd-bnn-heterogeneous"
@@ -52,15 +53,15 @@ SUMMARY = ("BNN on MNIST-5k over 20 dominant-label clients: SGLD, pSGLD, QLSD(+P
            "accuracy, ECE, Brier, NLL, OOD AUROC (QLSD Table S2 analogue)")
 
 FULL = dict(seed=0, dataset="mnist5k", ood_dataset="auto", num_train=4000, num_test=1000, num_ood=1000,
-            image_size=14, model="mlp", hidden=[32], prior_scale=1.0, num_clients=20, dominant=0.4, other=0.01,
+            image_size=28, model="mlp", hidden=[32], prior_scale=1.0, num_clients=20, dominant=0.4, other=0.01,
             iterations=3000, burn_in=1500, thinning=30, num_chains=1, lr=0.1, lr_rmsprop=1e-3, batch_size=10,
             levels=256, participation=0.25, refresh_every=100, local_steps=10, surrogate_steps=500,
             surrogate_burn_in=500, surrogate_step_factor=10.0, surrogate_batch=10, ece_bins=15,
-            methods=["SGLD", "pSGLD", "QLSD", "QLSD (PP)", "QLSD++", "QLSD++ (PP)", "FSGLD"])
-QUICK = dict(FULL, num_test=500, num_ood=500, hidden=[16], iterations=600, burn_in=300, thinning=20,
+            methods=["SGLD", "pSGLD", "QLSD", "QLSD (PP)", "QLSD++", "QLSD++ (PP)", "FSGLD", "DSGLD"])
+QUICK = dict(FULL, num_test=500, num_ood=500, image_size=14, hidden=[16], iterations=600, burn_in=300, thinning=20,
              surrogate_steps=100, surrogate_burn_in=100)
 
-METHODS = ("SGLD", "pSGLD", "QLSD", "QLSD (PP)", "QLSD++", "QLSD++ (PP)", "FSGLD")
+METHODS = ("SGLD", "pSGLD", "QLSD", "QLSD (PP)", "QLSD++", "QLSD++ (PP)", "FSGLD", "DSGLD")
 OTHER = {"mnist5k": "fashion-mnist", "fashion-mnist": "mnist5k"}
 
 
@@ -70,7 +71,7 @@ def downsample(images: np.ndarray, size: int) -> np.ndarray:
     if size == h:
         return images
     if size < 1 or h % size:
-        raise ValueError(f"image_size must divide {h} (got {size}); use 28 or 14")
+        raise ValueError(f"image_size must divide {h} (got {size}); use 28, 14 or 7")
     f = h // size
     return images.reshape(images.shape[0], size, f, size, f).mean(axis=(2, 4)).astype(np.float32)
 
@@ -135,9 +136,6 @@ def samplers(cfg: dict, model, data):
     sizes = np.asarray(data.counts)
     refresh = float(sizes.sum()) / cfg["refresh_every"]
     l_steps = int(cfg["local_steps"])
-    if k % l_steps or burn % l_steps or thin % l_steps:
-        raise ValueError(f"local_steps ({l_steps}) must divide iterations, burn_in and thinning "
-                         f"({k}, {burn}, {thin})")
     fit = surrogates.sgld_moments(cfg["surrogate_step_factor"] * 2 * gamma, cfg["surrogate_steps"],
                                   cfg["surrogate_burn_in"], "diag", batch_size=cfg["surrogate_batch"])
     f = np.full(b, 1.0 / b) if np.all(sizes == sizes[0]) else data.weights
@@ -153,18 +151,33 @@ def samplers(cfg: dict, model, data):
                         data, k, burn, thin, p * b * 2 * half + refresh),
         "FSGLD": (cg_dsgld(model, f, 2 * gamma, l_steps, surrogate=fit, name="fsgld"), data, k // l_steps,
                   burn // l_steps, thin // l_steps, float(sizes.mean())),
+        "DSGLD": (dsgld(model, f, 2 * gamma, l_steps, name="dsgld"), data, k // l_steps, burn // l_steps,
+                  thin // l_steps, float(sizes.mean())),
     }
+
+
+def check(cfg: dict) -> dict:
+    """Reject inconsistent settings before any data is loaded (one-line messages)."""
+    k, burn, thin, l_steps = cfg["iterations"], cfg["burn_in"], cfg["thinning"], int(cfg["local_steps"])
+    if not 0 <= burn < k or k % thin or burn % thin:
+        raise ValueError(f"need 0 <= burn_in < iterations, with thinning dividing both (got burn_in={burn}, "
+                         f"iterations={k}, thinning={thin})")
+    if l_steps < 1 or k % l_steps or burn % l_steps or thin % l_steps:
+        raise ValueError(f"local_steps ({l_steps}) must divide iterations, burn_in and thinning ({k}, {burn}, {thin}): "
+                         "FSGLD/DSGLD count local steps as iterations")
+    unknown = set(cfg["methods"]) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(METHODS)}")
+    if cfg["model"] not in ("mlp", "lenet5"):
+        raise ValueError(f"model must be 'mlp' or 'lenet5' (got {cfg['model']!r})")
+    if cfg["image_size"] < 1 or 28 % cfg["image_size"]:
+        raise ValueError(f"image_size must divide 28 (got {cfg['image_size']}); use 28, 14 or 7")
+    return cfg
 
 
 def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
         resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
-    if not 0 <= cfg["burn_in"] < cfg["iterations"] or cfg["iterations"] % cfg["thinning"]:
-        raise ValueError(f"need 0 <= burn_in < iterations and thinning dividing iterations "
-                         f"(got {cfg['burn_in']}, {cfg['iterations']}, {cfg['thinning']})")
-    unknown = set(cfg["methods"]) - set(METHODS)
-    if unknown:
-        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(METHODS)}")
+    cfg = check(resolve(FULL, QUICK, quick, seed, settings))
     out = Path(out)
     started = time.perf_counter()
     prob = problem(cfg)
@@ -188,7 +201,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         ood = predictive.predict_bma(model, res.samples, prob["ood_x"])
         report = predictive.classification_report(probs, prob["y_test"], cfg["ece_bins"], ood_probs=ood)
         rel[label] = predictive.reliability(probs, prob["y_test"], cfg["ece_bins"])
-        steps = rounds * (cfg["local_steps"] if label == "FSGLD" else 1)
+        steps = rounds * (cfg["local_steps"] if label in ("FSGLD", "DSGLD") else 1)
         methods[label] = {
             **report,
             "ood_auroc": report["auroc_entropy"],
