@@ -79,3 +79,10 @@ def test_bad_settings_are_named(tmp_path, settings, fragment):
     with pytest.raises(ValueError) as err:
         study.run(tmp_path, quick=True, progress=False, settings={**TINY, **settings})
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_takes_string_settings_and_names_a_bad_one():
+    from test_cli import assert_one_line_error, fedmcmc
+
+    assert_one_line_error(fedmcmc("reproduce", "qlsd-bnn-heterogeneous", "--quick", "--set", "model=resnet"),
+                          "model must be 'mlp' or 'lenet5'")
