@@ -123,6 +123,8 @@ def _overrides(pairs: list[str], module) -> dict:
             out[key] = value.split(",")
         elif isinstance(default, (list, tuple)):
             out[key] = [_number(pair, key, v, all(isinstance(x, int) for x in default)) for v in value.split(",")]
+        elif isinstance(default, str):
+            out[key] = value
         else:
             out[key] = _number(pair, key, value, isinstance(default, int))
         if key == "step_size" and not out[key] > 0:
