@@ -157,8 +157,12 @@ def validate(cfg: dict) -> None:
             raise ConfigError(f"[run] needs {key}")
 
 
-def build(cfg: dict) -> dict[str, Any]:
-    """Turn a validated config into data, model, sampler and run settings."""
+def build(cfg: dict, compressor_hook=None) -> dict[str, Any]:
+    """Turn a validated config into data, model, sampler and run settings.
+
+    ``compressor_hook(compressor) -> compressor``, if given, wraps the configured compressor
+    (the Flower runtime uses it to see the compressor's encoded message, see
+    :mod:`fedmcmc.flower.wire`)."""
     p = dict(cfg["problem"])
     problem = p.pop("name")
     for key, value in p.items():
@@ -188,6 +192,8 @@ def build(cfg: dict) -> dict[str, Any]:
     if fraction is not None:
         batch = np.maximum((np.asarray(data.counts) * fraction).astype(int), 1)
     compressor = resolve_compressor(s.pop("compression", None))
+    if compressor_hook is not None:
+        compressor = compressor_hook(compressor)
     part = resolve_participation(s.pop("participation", None))
     refresh = s.pop("refresh_every", 100)
     memory = s.pop("memory", True)
@@ -247,6 +253,14 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     res = simulate(r.get("seed", 0), built["sampler"], built["data"], np.zeros(model.dim), r["num_iterations"],
                    num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
                    chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress)
+    return report(cfg, built, res, out, started)
+
+
+def report(cfg: dict, built: dict, res, out: str | Path, started: float, **extra) -> dict:
+    """Write ``results.json``, ``posterior.nc`` and ``trace.png`` of a finished run to ``out``
+    (shared by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are
+    added to ``results.json``."""
+    model, exact = built["model"], built["exact"]
     mean = res.samples.mean(axis=(0, 1))
     var = res.samples.var(axis=(0, 1))
     payload = {
@@ -266,6 +280,7 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
         "theta_star": None if built["mode"] is None else {"rounds": built["mode"].rounds, "bits": built["mode"].bits},
         "sampler_seconds": res.wall_seconds,
         "wall_seconds": time.perf_counter() - started,
+        **extra,
     }
     out = Path(out)
     io.write_json(out / "results.json", payload)
