@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from functools import partial
 import tomllib
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -81,15 +82,19 @@ class ClientRuntime:
         self.index = int(index)
         r = cfg["run"]
         self.chain_keys = _chain_keys(r.get("seed", 0), r["num_chains"])
-        # The client's own data, as a vmap batch of one (never sent anywhere).
-        self.data = data_fn(index) if data_fn else jax.tree_util.tree_map(
-            lambda a: jnp.asarray(a)[index:index + 1], data.clients())
+        # The client's own data (never sent anywhere), as a vmap batch of ``width`` copies: XLA
+        # compiles a batch of one differently from the simulator's batch of b clients (the
+        # last bit of a reduction can differ), a batch of b identical copies exactly alike.
+        self.width = self.b if cfg.get("flower", {}).get("exact", True) else 1
+        own = data_fn(index) if data_fn else jax.tree_util.tree_map(
+            lambda a: np.asarray(a)[index:index + 1], data.clients())
+        self.data = jax.tree_util.tree_map(lambda a: jnp.asarray(np.repeat(a, self.width, axis=0)), own)
         self._compile()
         self._likes(built["model"].dim)
 
     def _compile(self):
         s, b, data, tape = self.sampler, self.b, self.data, self.tape
-        ids = jnp.asarray([self.index], jnp.uint32)
+        ids = jnp.full((self.width,), self.index, jnp.uint32)
 
         def keys(k):
             return jax.vmap(jax.random.fold_in, (None, 0))(k, ids)
@@ -108,8 +113,10 @@ class ClientRuntime:
                 materialize(keys(round_key)), cs, bc, data, k)
             return _select(m, new_cs, cs), up, info.bits, taped
 
-        self.init = jax.jit(jax.vmap(init))
-        self.step = jax.jit(jax.vmap(step, (0, 0, 0, 0, None)))
+        first = jax.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1]))
+        init, step = jax.jit(jax.vmap(init)), jax.jit(jax.vmap(step, (0, 0, 0, 0, None)))
+        self.init = lambda ck, bc: first(init(ck, bc))
+        self.step = lambda ck, cs, bc, m, k: first(step(ck, self._tile(cs), bc, jnp.repeat(m, self.width, axis=1), k))
         self.accept = jax.jit(jax.vmap(_select))
         self.setup = self.receive = None
         if s.setup is not None:
@@ -117,8 +124,13 @@ class ClientRuntime:
                 setup_key = jax.random.fold_in(jax.random.fold_in(ck, 0), b + 1)
                 return jax.vmap(s.setup.client, (0, 0, None, 0))(keys(setup_key), cs, bc, data)
 
-            self.setup = jax.jit(jax.vmap(setup))
-            self.receive = jax.jit(jax.vmap(lambda cs, msg: jax.vmap(s.setup.receive, (0, None))(cs, msg)))
+            setup = jax.jit(jax.vmap(setup))
+            receive = jax.jit(jax.vmap(lambda cs, msg: jax.vmap(s.setup.receive, (0, None))(cs, msg)))
+            self.setup = lambda ck, cs, bc: first(setup(ck, self._tile(cs), bc))
+            self.receive = lambda cs, msg: first(receive(self._tile(cs), msg))
+
+    def _tile(self, tree):
+        return jax.tree_util.tree_map(lambda a: jnp.repeat(a, self.width, axis=1), tree)
 
     def _likes(self, dim: int):
         s, C = self.sampler, self.chain_keys.shape[0]
