@@ -161,13 +161,17 @@ def main(grid: Grid, context: Context) -> None:
     run_server(grid, text, str(rc["out"]), bool(rc.get("resume", False)), str(rc.get("engine", "deployment")))
 
 
-def make_server_app(cfg_text: str, out, resume: bool = False, engine: str = "simulation") -> ServerApp:
-    """A ServerApp bound to one run (for :func:`flwr.simulation.run_simulation`)."""
+def make_server_app(runs: list[tuple[str, str]], resume: bool = False, engine: str = "simulation") -> ServerApp:
+    """A ServerApp bound to runs ``[(config text, out folder), ...]`` done one after the other
+    on the same nodes (for :func:`flwr.simulation.run_simulation`); ``app.results`` holds
+    their ``results.json`` payloads."""
     app = ServerApp()
+    app.results = []
 
     @app.main()
     def _main(grid: Grid, context: Context) -> None:
-        app.result = run_server(grid, cfg_text, out, resume, engine)
+        for cfg_text, out in runs:
+            app.results.append(run_server(grid, cfg_text, out, resume, engine))
 
     return app
 

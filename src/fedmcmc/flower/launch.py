@@ -61,20 +61,133 @@ def num_clients(text: str) -> int:
 
 def run_sim(config_path, out, clients: int | None = None, resume: bool = False) -> dict:
     """Run on Flower's simulation engine; returns the ``results.json`` payload."""
+    return run_sim_many([(prepare_config(config_path, clients), out)], resume=resume)[0]
+
+
+def run_sim_many(runs: list[tuple[str, str]], resume: bool = False) -> list[dict]:
+    """Runs ``[(config text, out), ...]`` (same number of clients) in one simulation engine."""
     os.environ.update(ENV)
     from flwr.simulation import run_simulation
 
     from fedmcmc.flower.apps import client_app, make_server_app
 
-    text = prepare_config(config_path, clients)
-    b = num_clients(text)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    app = make_server_app(text, out, resume=resume, engine="simulation")
-    run_simulation(app, client_app, num_supernodes=b,
+    sizes = {num_clients(text) for text, _ in runs}
+    if len(sizes) != 1:
+        raise ValueError(f"runs in one simulation need the same number of clients (got {sorted(sizes)})")
+    for _, out in runs:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    app = make_server_app([(text, str(out)) for text, out in runs], resume=resume, engine="simulation")
+    run_simulation(app, client_app, num_supernodes=sizes.pop(),
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": 1, "include_dashboard": False,
                                                  "log_to_driver": False}})
-    if not hasattr(app, "result"):
-        raise RuntimeError("the Flower simulation ended without results; see the log above")
-    return app.result
+    if len(app.results) != len(runs):
+        raise RuntimeError("the Flower simulation ended before its runs finished; see the log above")
+    return app.results
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalDeployment:
+    """A SuperLink and ``n`` SuperNodes on 127.0.0.1 (context manager; every process it
+    started is stopped on exit). ``tls=(ca, cert, key)`` paths switch TLS on."""
+
+    def __init__(self, n: int, workdir, tls=None, node_config=None):
+        self.n, self.workdir, self.tls = n, Path(workdir), tls
+        self.node_config = node_config or {}
+        self.procs: list = []
+
+    def __enter__(self):
+        import shutil
+        import subprocess
+        import sys
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        home = self.workdir / "flwr-home"
+        home.mkdir(exist_ok=True)
+        bindir = str(Path(sys.executable).parent)
+        self.env = {**os.environ, **ENV, "FLWR_HOME": str(home), "PATH": bindir + os.pathsep + os.environ["PATH"]}
+        self.bin = lambda name: shutil.which(name, path=self.env["PATH"]) or name  # noqa: E731
+        self.port = free_port()
+        security = ["--insecure"] if self.tls is None else [
+            "--ssl-ca-certfile", str(self.tls[0]), "--ssl-certfile", str(self.tls[1]), "--ssl-keyfile", str(self.tls[2])]
+        connection = 'insecure = true' if self.tls is None else f'root-certificates = "{self.tls[0]}"'
+        (home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n[superlink.local]\n'
+                                          f'address = "127.0.0.1:{self.port}"\n{connection}\n')
+
+        def start(args, log):
+            out = open(self.workdir / log, "w")
+            self.procs.append(subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                               start_new_session=True))
+
+        start([self.bin("flower-superlink"), *security, "--port", str(self.port),
+               "--disable-runtime-dependency-installation", "--database", str(self.workdir / "link.db")], "superlink.log")
+        node_security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls[0])]
+        for i in range(self.n):
+            cfg = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                           for k, v in {"partition-id": i, **self.node_config.get(i, {})}.items())
+            start([self.bin("flower-supernode"), *node_security, "--superlink", f"127.0.0.1:{self.port}",
+                   "--port", str(free_port()), "--node-config", cfg], f"supernode{i}.log")
+        return self
+
+    def supernode(self, i: int):
+        return self.procs[1 + i]
+
+    def run(self, cfg_path, out, resume: bool = False, timeout: float = 1800.0) -> dict:
+        """Submit the app with ``flwr run`` and wait for ``out/results.json``."""
+        import json
+        import subprocess
+        import time
+
+        out = Path(out).absolute()
+        out.mkdir(parents=True, exist_ok=True)
+        result = out / "results.json"
+        if result.exists():
+            result.unlink()
+        run_config = f"config-path='{Path(cfg_path).absolute()}' out='{out}' resume={str(resume).lower()}"
+        done = subprocess.run([self.bin("flwr"), "run", str(APP_DIR), "local", "--run-config", run_config],
+                              env=self.env, capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            raise RuntimeError(f"flwr run failed: {done.stdout[-2000:]} {done.stderr[-2000:]}")
+        deadline = time.monotonic() + timeout
+        while not result.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {result} after {timeout:.0f} s; see the logs in {self.workdir}")
+            if self.procs[0].poll() is not None:
+                raise RuntimeError(f"the SuperLink stopped; see {self.workdir / 'superlink.log'}")
+            time.sleep(1.0)
+        time.sleep(0.5)
+        return json.loads(result.read_text())
+
+    def __exit__(self, *exc):
+        import signal
+
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except Exception:  # noqa: BLE001
+                os.killpg(p.pid, signal.SIGKILL)
+        return False
+
+
+def run_deploy(config_path, out, clients: int | None = None, resume: bool = False) -> dict:
+    """Run on a local deployment (SuperLink + one SuperNode per client on 127.0.0.1)."""
+    text = prepare_config(config_path, clients)
+    out = Path(out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "run.toml"
+    cfg_path.write_text(text)
+    with LocalDeployment(num_clients(text), out / "deployment") as dep:
+        return dep.run(cfg_path, out, resume=resume)
