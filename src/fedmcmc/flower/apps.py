@@ -58,16 +58,29 @@ def _faults(node_config) -> dict:
     return {int(k): kind}
 
 
+def _compilation_cache(state_dir) -> None:
+    """On the deployment engine every message runs in a new process: JAX's persistent
+    compilation cache (in the node's state folder) saves compiling the client's functions
+    again for every round. Compiled programs are the same, so are the samples."""
+    import jax
+
+    if state_dir and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(Path(state_dir) / "jax-cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 @client_app.query()
 def query(msg: Message, context: Context) -> Message:
     m = from_record(msg.content[RECORD])
+    if context.node_config.get("state-dir"):
+        m["state_dir"] = str(context.node_config["state-dir"])
+    _compilation_cache(m.get("state_dir"))
     index = int(context.node_config.get("partition-id", -1))
     key = (config_hash(m["config"]), index)
     if key not in _RUNTIMES:
         _RUNTIMES[key] = ClientRuntime(m["config"], index)
     runtime = _RUNTIMES[key]
-    if context.node_config.get("state-dir"):
-        m["state_dir"] = str(context.node_config["state-dir"])
     store = dict(context.state[RECORD]) if RECORD in context.state else {}
     if store.get("config") not in (None, key[0]):
         store = {}  # a new run with another config on this node
