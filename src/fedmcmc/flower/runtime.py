@@ -64,6 +64,56 @@ def _chain_keys(seed: int, num_chains: int):
 # --------------------------------------------------------------------------------------
 
 
+_SHARED: dict[str, dict] = {}
+
+
+def _shared_client(cfg_text: str) -> dict:
+    """The built problem and the jitted client functions of a config, shared by the clients
+    of one process (data and client index are arguments, so they compile once)."""
+    key = config_hash(cfg_text)
+    if key in _SHARED:
+        return _SHARED[key]
+    tape = Tape()
+    cfg, built = build_problem(cfg_text, compressor_hook=tape.wrap)
+    s, b = built["sampler"], built["data"].num_clients
+
+    def keys(k, ids):
+        return jax.vmap(jax.random.fold_in, (None, 0))(k, ids)
+
+    def init(ck, bc, data, ids):
+        return jax.vmap(s.client_init, (0, None, 0))(keys(jax.random.fold_in(ck, 0), ids), bc, data)
+
+    def taped_step(key, cs, bc, d, k):
+        tape.entries = []
+        out = s.client_step(key, cs, bc, d, k)
+        return out + (tape.take(),)
+
+    def step(ck, cs, bc, m, k, data, ids):
+        round_key = jax.random.fold_in(ck, k + 1)
+        new_cs, up, info, taped = jax.vmap(taped_step, (0, 0, None, 0, None))(
+            materialize(keys(round_key, ids)), cs, bc, data, k)
+        return _select(m, new_cs, cs), up, info.bits, taped
+
+    functions = {
+        "first": jax.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1])),
+        "init": jax.jit(jax.vmap(init, (0, 0, None, None))),
+        "step": jax.jit(jax.vmap(step, (0, 0, 0, 0, None, None, None))),
+        "accept": jax.jit(jax.vmap(_select)),
+    }
+    if s.setup is not None:
+        def setup(ck, cs, bc, data, ids):
+            setup_key = jax.random.fold_in(jax.random.fold_in(ck, 0), b + 1)
+            return jax.vmap(s.setup.client, (0, 0, None, 0))(keys(setup_key, ids), cs, bc, data)
+
+        functions["setup"] = jax.jit(jax.vmap(setup, (0, 0, 0, None, None)))
+        functions["receive"] = jax.jit(jax.vmap(lambda cs, msg: jax.vmap(s.setup.receive, (0, None))(cs, msg)))
+    _SHARED[key] = {"cfg": cfg, "sampler": s, "tape": tape, "data": built["data"], "dim": built["model"].dim,
+                    "functions": functions}
+    if len(_SHARED) > 8:
+        _SHARED.pop(next(iter(_SHARED)))
+    return _SHARED[key]
+
+
 class ClientRuntime:
     """One client (partition ``index``) of a run: all chains, its own data only.
 
@@ -72,62 +122,35 @@ class ClientRuntime:
     """
 
     def __init__(self, cfg_text: str, index: int, data_fn: Callable | None = None):
-        self.tape = Tape()
-        cfg, built = build_problem(cfg_text, compressor_hook=self.tape.wrap)
-        self.cfg, self.sampler, data = cfg, built["sampler"], built["data"]
+        shared = _shared_client(cfg_text)
+        self.cfg, self.sampler, self.tape = shared["cfg"], shared["sampler"], shared["tape"]
+        data = shared["data"]
         self.b = data.num_clients
         if not 0 <= index < self.b:
             raise ValueError(f"partition id {index} out of range for {self.b} clients; start node i with "
                              "--node-config 'partition-id=i' for i in 0..num_clients-1")
         self.index = int(index)
-        r = cfg["run"]
+        r = self.cfg["run"]
         self.chain_keys = _chain_keys(r.get("seed", 0), r["num_chains"])
         # The client's own data (never sent anywhere), as a vmap batch of ``width`` copies: XLA
         # compiles a batch of one differently from the simulator's batch of b clients (the
         # last bit of a reduction can differ), a batch of b identical copies exactly alike.
-        self.width = self.b if cfg.get("flower", {}).get("exact", True) else 1
+        self.width = self.b if self.cfg.get("flower", {}).get("exact", True) else 1
         own = data_fn(index) if data_fn else jax.tree_util.tree_map(
             lambda a: np.asarray(a)[index:index + 1], data.clients())
         self.data = jax.tree_util.tree_map(lambda a: jnp.asarray(np.repeat(a, self.width, axis=0)), own)
-        self._compile()
-        self._likes(built["model"].dim)
-
-    def _compile(self):
-        s, b, data, tape = self.sampler, self.b, self.data, self.tape
-        ids = jnp.full((self.width,), self.index, jnp.uint32)
-
-        def keys(k):
-            return jax.vmap(jax.random.fold_in, (None, 0))(k, ids)
-
-        def init(ck, bc):
-            return jax.vmap(s.client_init, (0, None, 0))(keys(jax.random.fold_in(ck, 0)), bc, data)
-
-        def taped_step(key, cs, bc, d, k):
-            tape.entries = []
-            out = s.client_step(key, cs, bc, d, k)
-            return out + (tape.take(),)
-
-        def step(ck, cs, bc, m, k):
-            round_key = jax.random.fold_in(ck, k + 1)
-            new_cs, up, info, taped = jax.vmap(taped_step, (0, 0, None, 0, None))(
-                materialize(keys(round_key)), cs, bc, data, k)
-            return _select(m, new_cs, cs), up, info.bits, taped
-
-        first = jax.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1]))
-        init, step = jax.jit(jax.vmap(init)), jax.jit(jax.vmap(step, (0, 0, 0, 0, None)))
-        self.init = lambda ck, bc: first(init(ck, bc))
-        self.step = lambda ck, cs, bc, m, k: first(step(ck, self._tile(cs), bc, jnp.repeat(m, self.width, axis=1), k))
-        self.accept = jax.jit(jax.vmap(_select))
+        self.ids = jnp.full((self.width,), self.index, jnp.uint32)
+        f = shared["functions"]
+        first = f["first"]
+        self.init = lambda ck, bc: first(f["init"](ck, bc, self.data, self.ids))
+        self.step = lambda ck, cs, bc, m, k: first(f["step"](ck, self._tile(cs), bc, jnp.repeat(m, self.width, axis=1),
+                                                             k, self.data, self.ids))
+        self.accept = f["accept"]
         self.setup = self.receive = None
-        if s.setup is not None:
-            def setup(ck, cs, bc):
-                setup_key = jax.random.fold_in(jax.random.fold_in(ck, 0), b + 1)
-                return jax.vmap(s.setup.client, (0, 0, None, 0))(keys(setup_key), cs, bc, data)
-
-            setup = jax.jit(jax.vmap(setup))
-            receive = jax.jit(jax.vmap(lambda cs, msg: jax.vmap(s.setup.receive, (0, None))(cs, msg)))
-            self.setup = lambda ck, cs, bc: first(setup(ck, self._tile(cs), bc))
-            self.receive = lambda cs, msg: first(receive(self._tile(cs), msg))
+        if self.sampler.setup is not None:
+            self.setup = lambda ck, cs, bc: first(f["setup"](ck, self._tile(cs), bc, self.data, self.ids))
+            self.receive = lambda cs, msg: first(f["receive"](self._tile(cs), msg))
+        self._likes(shared["dim"])
 
     def _tile(self, tree):
         return jax.tree_util.tree_map(lambda a: jnp.repeat(a, self.width, axis=1), tree)
