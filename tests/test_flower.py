@@ -161,3 +161,29 @@ def test_server_resumes_after_a_restart_with_the_same_samples(tmp_path):
     transport.stores = {i: {} for i in range(3)}  # a new run: the nodes' Context.state is gone
     res = ServerRuntime(QLSD_PP, tmp_path, resume=True).run(transport)
     np.testing.assert_array_equal(res.samples, reference(QLSD_PP).samples)
+
+
+def test_no_raw_data_leaves_a_client(tmp_path):
+    """Every reply of every client is inspected: only uploads of the sampler's size, and no
+    data point's bytes (nor the data set's) appear in any of them."""
+    text = QLSD_PP.replace("num_iterations = 6", "num_iterations = 4")
+    replies = []
+
+    def record(kind, k, i, reply):
+        replies.append((i, reply))
+        return reply
+
+    transport = LocalTransport(text, 3, record)
+    ServerRuntime(text, tmp_path).run(transport)
+    data = config.build(tomllib.loads(text))["data"]
+    d = 5
+    assert {r[0] for r in replies} == {0, 1, 2}
+    for i, reply in replies:
+        raw = data.unpadded(i)
+        assert set(reply) <= {"index", "ok", "chains", "bits", "wire_bits"} | {
+            f"{p}/{c}" for p in ("codecs",) for c in range(2)} | {f"blob/{c}/0" for c in range(2)}
+        for name, value in reply.items():
+            if isinstance(value, bytes):
+                assert len(value) <= 4 * d + 8  # at most one float32 vector of dimension d
+                for row in np.asarray(raw, np.float32).reshape(len(raw), -1):
+                    assert row.tobytes() not in value

@@ -98,9 +98,10 @@ class LocalDeployment:
     """A SuperLink and ``n`` SuperNodes on 127.0.0.1 (context manager; every process it
     started is stopped on exit). ``tls=(ca, cert, key)`` paths switch TLS on."""
 
-    def __init__(self, n: int, workdir, tls=None, node_config=None):
+    def __init__(self, n: int, workdir, tls=None, node_config=None, auth_keys=None):
         self.n, self.workdir, self.tls = n, Path(workdir), tls
         self.node_config = node_config or {}
+        self.auth_keys = auth_keys  # [(private key path, public key path)] per node, or None
         self.procs: list = []
 
     def __enter__(self):
@@ -126,24 +127,45 @@ class LocalDeployment:
             self.procs.append(subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                                start_new_session=True))
 
-        start([self.bin("flower-superlink"), *security, "--port", str(self.port),
+        auth = ["--enable-supernode-auth"] if self.auth_keys else []
+        start([self.bin("flower-superlink"), *security, *auth, "--port", str(self.port),
                "--disable-runtime-dependency-installation", "--database", str(self.workdir / "link.db")], "superlink.log")
         node_security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls[0])]
+        if self.auth_keys:
+            for _, public in self.auth_keys:
+                self.register(public)
         for i in range(self.n):
             cfg = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
                            for k, v in {"partition-id": i, **self.node_config.get(i, {})}.items())
-            start([self.bin("flower-supernode"), *node_security, "--superlink", f"127.0.0.1:{self.port}",
+            key = ["--auth-supernode-private-key", str(self.auth_keys[i][0])] if self.auth_keys else []
+            start([self.bin("flower-supernode"), *node_security, *key, "--superlink", f"127.0.0.1:{self.port}",
                    "--port", str(free_port()), "--node-config", cfg], f"supernode{i}.log")
         return self
+
+    def register(self, public_key, timeout: float = 120.0) -> None:
+        """``flwr supernode register`` (retried until the SuperLink is up)."""
+        import subprocess
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            done = subprocess.run([self.bin("flwr"), "supernode", "register", str(public_key), "local"],
+                                  env=self.env, capture_output=True, text=True, timeout=60)
+            if done.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"could not register {public_key}: {done.stdout[-1000:]} {done.stderr[-1000:]}")
+            time.sleep(1.0)
 
     def supernode(self, i: int):
         return self.procs[1 + i]
 
     def run(self, cfg_path, out, resume: bool = False, timeout: float = 1800.0) -> dict:
         """Submit the app with ``flwr run`` and wait for ``out/results.json``."""
-        import json
+        return self.wait(self.submit(cfg_path, out, resume), timeout)
+
+    def submit(self, cfg_path, out, resume: bool = False) -> Path:
         import subprocess
-        import time
 
         out = Path(out).absolute()
         out.mkdir(parents=True, exist_ok=True)
@@ -155,6 +177,12 @@ class LocalDeployment:
                               env=self.env, capture_output=True, text=True, timeout=120)
         if done.returncode:
             raise RuntimeError(f"flwr run failed: {done.stdout[-2000:]} {done.stderr[-2000:]}")
+        return result
+
+    def wait(self, result: Path, timeout: float = 1800.0) -> dict:
+        import json
+        import time
+
         deadline = time.monotonic() + timeout
         while not result.exists():
             if time.monotonic() > deadline:
@@ -165,21 +193,56 @@ class LocalDeployment:
         time.sleep(0.5)
         return json.loads(result.read_text())
 
+    def kill_supernode(self, i: int) -> None:
+        """Kill SuperNode ``i`` and the processes it started (a crashed institution)."""
+        import signal
+
+        self._kill(self.supernode(i), signal.SIGKILL)
+
+    def _kill(self, proc, sig) -> None:
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
     def __exit__(self, *exc):
         import signal
 
+        family = {p.pid: _descendants(p.pid) for p in self.procs}  # Flower detaches some children
         for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            self._kill(p, signal.SIGTERM)
         for p in self.procs:
             try:
                 p.wait(timeout=10)
             except Exception:  # noqa: BLE001
-                os.killpg(p.pid, signal.SIGKILL)
+                self._kill(p, signal.SIGKILL)
+        for pids in family.values():
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         return False
+
+
+def _descendants(pid: int) -> list[int]:
+    """Process ids of every descendant of ``pid`` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def run_deploy(config_path, out, clients: int | None = None, resume: bool = False) -> dict:
