@@ -77,6 +77,8 @@ _SECTIONS = {
                 "refresh_every", "memory", "memory_rate"} | _FA_KEYS | _DSGLD_KEYS | _CG_KEYS,
     "run": {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"},
 }
+#: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
+_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact"}}
 
 
 class ConfigError(ValueError):
@@ -102,9 +104,13 @@ def validate(cfg: dict) -> None:
         unknown = set(cfg[section]) - keys
         if unknown:
             raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{section}]; allowed: {sorted(keys)}")
-    extra = set(cfg) - set(_SECTIONS)
+    for section, keys in _OPTIONAL.items():
+        unknown = set(cfg.get(section, {})) - keys
+        if unknown:
+            raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{section}]; allowed: {sorted(keys)}")
+    extra = set(cfg) - set(_SECTIONS) - set(_OPTIONAL)
     if extra:
-        raise ConfigError(f"unknown section(s) {sorted(extra)}; allowed: {sorted(_SECTIONS)}")
+        raise ConfigError(f"unknown section(s) {sorted(extra)}; allowed: {sorted(_SECTIONS) + sorted(_OPTIONAL)}")
     name = cfg["problem"].get("name")
     if name not in PROBLEMS:
         raise ConfigError(f"unknown problem {name!r}; available: {', '.join(PROBLEMS)}")

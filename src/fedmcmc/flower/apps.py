@@ -170,8 +170,14 @@ server_app = ServerApp()
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
-    text = Path(str(rc["config-path"])).read_text()
-    run_server(grid, text, str(rc["out"]), bool(rc.get("resume", False)), str(rc.get("engine", "deployment")))
+    out = Path(str(rc["out"]))
+    try:
+        text = Path(str(rc["config-path"])).read_text()
+        run_server(grid, text, str(out), bool(rc.get("resume", False)), str(rc.get("engine", "deployment")))
+    except BaseException as err:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "flower-error.txt").write_text(f"{type(err).__name__}: {err}\n")  # for `fedmcmc flower deploy`
+        raise
 
 
 def make_server_app(runs: list[tuple[str, str]], resume: bool = False, engine: str = "simulation") -> ServerApp:

@@ -170,8 +170,9 @@ class LocalDeployment:
         out = Path(out).absolute()
         out.mkdir(parents=True, exist_ok=True)
         result = out / "results.json"
-        if result.exists():
-            result.unlink()
+        for old in (result, out / "flower-error.txt"):
+            if old.exists():
+                old.unlink()
         run_config = f"config-path='{Path(cfg_path).absolute()}' out='{out}' resume={str(resume).lower()}"
         done = subprocess.run([self.bin("flwr"), "run", str(APP_DIR), "local", "--run-config", run_config],
                               env=self.env, capture_output=True, text=True, timeout=120)
@@ -184,7 +185,10 @@ class LocalDeployment:
         import time
 
         deadline = time.monotonic() + timeout
+        error = result.with_name("flower-error.txt")
         while not result.exists():
+            if error.exists():
+                raise RuntimeError(f"the ServerApp failed: {error.read_text().strip()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {result} after {timeout:.0f} s; see the logs in {self.workdir}")
             if self.procs[0].poll() is not None:
