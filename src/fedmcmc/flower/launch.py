@@ -130,6 +130,7 @@ class LocalDeployment:
         auth = ["--enable-supernode-auth"] if self.auth_keys else []
         start([self.bin("flower-superlink"), *security, *auth, "--port", str(self.port),
                "--disable-runtime-dependency-installation", "--database", str(self.workdir / "link.db")], "superlink.log")
+        self._wait_for_port(self.port)
         node_security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls[0])]
         if self.auth_keys:
             for _, public in self.auth_keys:
@@ -141,6 +142,20 @@ class LocalDeployment:
             start([self.bin("flower-supernode"), *node_security, *key, "--superlink", f"127.0.0.1:{self.port}",
                    "--port", str(free_port()), "--node-config", cfg], f"supernode{i}.log")
         return self
+
+    def _wait_for_port(self, port: int, timeout: float = 120.0) -> None:
+        import socket
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                    return
+            except OSError:
+                if self.procs[0].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the SuperLink did not start; see {self.workdir / 'superlink.log'}") from None
+                time.sleep(0.3)
 
     def register(self, public_key, timeout: float = 120.0) -> None:
         """``flwr supernode register`` (retried until the SuperLink is up)."""
