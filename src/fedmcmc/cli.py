@@ -1,4 +1,4 @@
-"""Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | bench``.
+"""Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | flower sim|deploy CONFIG.toml | bench``.
 
 Bad input ends with one line on stderr that names the problem and the fix, and exit code 2;
 a run that diverges ends with exit code 3 and says which step size to lower.
@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=Path, default=None, help="output folder (default results/CONFIG-NAME)")
     c.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
     c.add_argument("--no-progress", action="store_true")
+    f = sub.add_parser("flower", help="run a config on Flower: simulation or local deployment engine")
+    f.add_argument("engine", choices=["sim", "deploy"])
+    f.add_argument("config", type=Path)
+    f.add_argument("--clients", type=int, default=None, help="number of clients (SuperNodes); default: the config's")
+    f.add_argument("--out", type=Path, default=None, help="output folder (default results/CONFIG-NAME-flower-ENGINE)")
+    f.add_argument("--resume", action="store_true", help="continue a run whose server stopped, in the same --out")
     b = sub.add_parser("bench", help="measure throughput against the NumPy reference")
     b.add_argument("--quick", action="store_true")
     b.add_argument("--out", type=Path, default=Path("results/bench"))
@@ -76,6 +82,16 @@ def _main(args) -> int:
         out = args.out or Path("results") / args.config.stem
         payload = config.run(args.config, out, resume=args.resume, progress=not args.no_progress)
         print(f"wrote {out}/results.json and {out}/posterior.nc; posterior mean error "
+              f"{payload['posterior_mean_error']:.3g}, variance ratio {payload['posterior_variance_ratio']:.3g}")
+        return 0
+    if args.command == "flower":
+        from fedmcmc.flower import launch
+
+        out = args.out or Path("results") / f"{args.config.stem}-flower-{args.engine}"
+        run = launch.run_sim if args.engine == "sim" else launch.run_deploy
+        payload = run(args.config, out, clients=args.clients, resume=args.resume)
+        print(f"wrote {out}/results.json and {out}/posterior.nc ({args.engine} engine, "
+              f"{payload['flower']['median_round_seconds']:.2f} s per round); posterior mean error "
               f"{payload['posterior_mean_error']:.3g}, variance ratio {payload['posterior_variance_ratio']:.3g}")
         return 0
     if args.command == "bench":
@@ -146,7 +162,7 @@ def _number(pair: str, key: str, value: str, integer: bool):
 
 def _step_size_hint(args):
     try:
-        if args.command == "run":
+        if args.command in ("run", "flower"):
             from fedmcmc import config
 
             return float(config.load(args.config)["sampler"]["step_size"])

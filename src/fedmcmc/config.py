@@ -42,7 +42,8 @@ from fedmcmc.data.synthetic import heterogeneous_gaussian, heterogeneous_local_p
 from fedmcmc.models.gaussian import (gaussian_factors, gaussian_factors_posterior, gaussian_mean,
                                      gaussian_mean_posterior)
 from fedmcmc.participation import resolve_participation
-from fedmcmc.samplers import cg_dsgld, dsgld, fa_hmc, lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
+from fedmcmc.samplers import (cg_dsgld, dg_sgld, dsgld, fa_hmc, fedavg, lsd_pp, lsd_star, psgld, qlsd_pp, qlsd_sharp,
+                              qlsd_star, sgld)
 from fedmcmc.simulator import simulate
 
 SAMPLERS = {
@@ -56,6 +57,15 @@ SAMPLERS = {
     "fa-ld": "federated averaging Langevin dynamics (Deng et al. 2021): FA-HMC with one leapfrog step",
     "dsgld": "distributed SGLD (Ahn et al. 2014): a chain visits one shard at a time for local_steps steps",
     "cg-dsgld": "DSGLD with conducive gradients from Gaussian shard surrogates (El Mekkaoui et al. 2021); alias 'fsgld'",
+    "psgld": "preconditioned SGLD on the pooled data (Li et al. 2016, baseline); beta, lam",
+    "dg-sgld": "distributed Gibbs SGLD (Plassier et al. 2021, DG-LMC with minibatches); rho, num_local_steps",
+    "fedavg": "FedAvg (McMahan et al. 2017), an optimiser baseline: step_size is the learning rate; local_steps",
+}
+#: Settings of the baselines, and the common settings each of them takes.
+_BASELINE_KEYS = {
+    "psgld": ({"beta", "lam"}, set()),
+    "dg-sgld": ({"rho", "num_local_steps", "prior_step_size"}, {"participation"}),
+    "fedavg": ({"local_steps"}, {"compression", "participation"}),
 }
 PROBLEMS = {
     "heterogeneous-gaussian": "Gaussian mean, heterogeneous clients, flat prior; exact posterior (QLSD Sec. 4)",
@@ -74,9 +84,12 @@ _SURROGATES = ("taylor", "laplace", "sgld")
 _SECTIONS = {
     "problem": set().union(*_PROBLEM_KEYS.values()),
     "sampler": {"name", "step_size", "batch_size", "batch_fraction", "compression", "participation",
-                "refresh_every", "memory", "memory_rate"} | _FA_KEYS | _DSGLD_KEYS | _CG_KEYS,
+                "refresh_every", "memory", "memory_rate"} | _FA_KEYS | _DSGLD_KEYS | _CG_KEYS
+               | {"beta", "lam", "rho", "num_local_steps", "prior_step_size"},
     "run": {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"},
 }
+#: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
+_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact"}}
 
 
 class ConfigError(ValueError):
@@ -102,9 +115,13 @@ def validate(cfg: dict) -> None:
         unknown = set(cfg[section]) - keys
         if unknown:
             raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{section}]; allowed: {sorted(keys)}")
-    extra = set(cfg) - set(_SECTIONS)
+    for section, keys in _OPTIONAL.items():
+        unknown = set(cfg.get(section, {})) - keys
+        if unknown:
+            raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{section}]; allowed: {sorted(keys)}")
+    extra = set(cfg) - set(_SECTIONS) - set(_OPTIONAL)
     if extra:
-        raise ConfigError(f"unknown section(s) {sorted(extra)}; allowed: {sorted(_SECTIONS)}")
+        raise ConfigError(f"unknown section(s) {sorted(extra)}; allowed: {sorted(_SECTIONS) + sorted(_OPTIONAL)}")
     name = cfg["problem"].get("name")
     if name not in PROBLEMS:
         raise ConfigError(f"unknown problem {name!r}; available: {', '.join(PROBLEMS)}")
@@ -116,9 +133,23 @@ def validate(cfg: dict) -> None:
     if sampler not in SAMPLERS and sampler not in ("qlsd", "fsgld"):
         raise ConfigError(f"unknown sampler {cfg['sampler'].get('name')!r}; available: {', '.join(SAMPLERS)}")
     sampler = "cg-dsgld" if sampler == "fsgld" else sampler
+    baseline_keys = set().union(*(own for own, _ in _BASELINE_KEYS.values()))
+    if sampler in _BASELINE_KEYS:
+        own, common = _BASELINE_KEYS[sampler]
+        allowed = {"name", "step_size", "batch_size", "batch_fraction"} | own | common
+        extra = set(cfg["sampler"]) - allowed
+        if extra:
+            raise ConfigError(f"{sampler} does not take {sorted(extra)}; it takes {sorted(allowed - {'name'})}")
+        if sampler == "dg-sgld" and "rho" not in cfg["sampler"]:
+            raise ConfigError("[sampler] dg-sgld needs rho, the tolerance of the auxiliary variables")
+    elif set(cfg["sampler"]) & (baseline_keys - {"local_steps"}):
+        raise ConfigError(f"{sorted(set(cfg['sampler']) & (baseline_keys - {'local_steps'}))} are settings of "
+                          f"pSGLD / DG-SGLD; {sampler} does not take them")
     fa_keys = set(cfg["sampler"]) & _FA_KEYS
     ds_keys = set(cfg["sampler"]) & (_DSGLD_KEYS | _CG_KEYS)
-    if sampler in ("dsgld", "cg-dsgld"):
+    if sampler in _BASELINE_KEYS:
+        pass
+    elif sampler in ("dsgld", "cg-dsgld"):
         if "local_steps" not in ds_keys:
             raise ConfigError(f"[sampler] {sampler} needs local_steps, the local steps per visit to a shard")
         extra = (fa_keys - {"local_steps"}) | (set(cfg["sampler"]) & {"compression", "participation", "refresh_every",
@@ -137,7 +168,9 @@ def validate(cfg: dict) -> None:
             raise ConfigError("shard_probs must be \"uniform\" (f_s = 1/S) or \"size\" (f_s = N_s / N)")
     elif ds_keys - {"local_steps"}:
         raise ConfigError(f"{sorted(ds_keys - {'local_steps'})} are DSGLD settings; {sampler} does not take them")
-    if sampler in ("fa-hmc", "fa-ld"):
+    if sampler in _BASELINE_KEYS:
+        pass
+    elif sampler in ("fa-hmc", "fa-ld"):
         needed = {"local_steps"} | ({"num_leapfrog"} if sampler == "fa-hmc" else set())
         if needed - fa_keys:
             raise ConfigError(f"[sampler] {sampler} needs {', '.join(sorted(needed - fa_keys))}")
@@ -157,8 +190,12 @@ def validate(cfg: dict) -> None:
             raise ConfigError(f"[run] needs {key}")
 
 
-def build(cfg: dict) -> dict[str, Any]:
-    """Turn a validated config into data, model, sampler and run settings."""
+def build(cfg: dict, compressor_hook=None) -> dict[str, Any]:
+    """Turn a validated config into data, model, sampler and run settings.
+
+    ``compressor_hook(compressor) -> compressor``, if given, wraps the configured compressor
+    (the Flower runtime uses it to see the compressor's encoded message, see
+    :mod:`fedmcmc.flower.wire`)."""
     p = dict(cfg["problem"])
     problem = p.pop("name")
     for key, value in p.items():
@@ -188,10 +225,15 @@ def build(cfg: dict) -> dict[str, Any]:
     if fraction is not None:
         batch = np.maximum((np.asarray(data.counts) * fraction).astype(int), 1)
     compressor = resolve_compressor(s.pop("compression", None))
+    if compressor_hook is not None:
+        compressor = compressor_hook(compressor)
     part = resolve_participation(s.pop("participation", None))
     refresh = s.pop("refresh_every", 100)
     memory = s.pop("memory", True)
     memory_rate = s.pop("memory_rate", None)
+    extra = {key: s.pop(key) for key in {"beta", "lam", "rho", "num_local_steps", "prior_step_size"} & set(s)}
+    if name == "fedavg":
+        extra["local_steps"] = s.pop("local_steps", 1)
     fa = {key: s.pop(key) for key in _FA_KEYS & set(s)}
     ds = {key: s.pop(key) for key in (_DSGLD_KEYS | _CG_KEYS) & set(s)}
     if not isinstance(fa.get("debiased", False), bool):
@@ -221,6 +263,15 @@ def build(cfg: dict) -> dict[str, Any]:
             sampler = dsgld(model, probs, step, local, **common)
         else:
             sampler = cg_dsgld(model, probs, step, local, surrogate=_surrogate(ds), alpha=ds.pop("alpha", 1.0), **common)
+    elif name == "psgld":
+        if batch is not None and np.size(batch) > 1:
+            batch = int(np.sum(batch))
+        sampler, data = psgld(model, step, batch, **extra), data.pooled()
+    elif name == "dg-sgld":
+        sampler = dg_sgld(model, extra.pop("rho"), step, batch_size=batch, num_clients=data.num_clients,
+                          participation=part, **extra)
+    elif name == "fedavg":
+        sampler = fedavg(model, data.weights, step, extra["local_steps"], batch, compressor, part)
     elif name == "qlsd++":
         sampler = qlsd_pp(model, step, batch, compressor, part, refresh, memory, memory_rate)
     else:
@@ -247,6 +298,14 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     res = simulate(r.get("seed", 0), built["sampler"], built["data"], np.zeros(model.dim), r["num_iterations"],
                    num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
                    chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress)
+    return report(cfg, built, res, out, started)
+
+
+def report(cfg: dict, built: dict, res, out: str | Path, started: float, **extra) -> dict:
+    """Write ``results.json``, ``posterior.nc`` and ``trace.png`` of a finished run to ``out``
+    (shared by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are
+    added to ``results.json``."""
+    model, exact = built["model"], built["exact"]
     mean = res.samples.mean(axis=(0, 1))
     var = res.samples.var(axis=(0, 1))
     payload = {
@@ -266,6 +325,7 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
         "theta_star": None if built["mode"] is None else {"rounds": built["mode"].rounds, "bits": built["mode"].bits},
         "sampler_seconds": res.wall_seconds,
         "wall_seconds": time.perf_counter() - started,
+        **extra,
     }
     out = Path(out)
     io.write_json(out / "results.json", payload)

@@ -1,0 +1,260 @@
+"""fedmcmc on Flower: same samples as the simulator, faults, resume (docs/flower.md)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import jax
+import numpy as np
+import pytest
+
+from fedmcmc import config
+from fedmcmc.flower.runtime import LocalTransport, ServerRuntime
+from fedmcmc.flower.wire import MalformedUpload, decode_upload, encode_upload
+from fedmcmc.simulator import simulate
+
+QLSD_PP = """
+[problem]
+name = "heterogeneous-gaussian"
+num_clients = 3
+dim = 5
+[sampler]
+name = "qlsd++"
+step_size = 1e-3
+batch_size = 5
+refresh_every = 2
+compression = { bits = 4 }
+participation = { p = 0.7, scaling = "inverse_probability" }
+[run]
+seed = 3
+num_chains = 2
+num_iterations = 6
+burn_in = 2
+thinning = 2
+chunk_size = 4
+"""
+
+FA_HMC = """
+[problem]
+name = "heterogeneous-gaussian"
+num_clients = 3
+dim = 4
+min_size = 10
+max_size = 30
+[sampler]
+name = "fa-hmc"
+step_size = 0.05
+num_leapfrog = 3
+local_steps = 4
+correlation = 0.5
+debiased = true
+compression = { bits = 8 }
+[run]
+seed = 1
+num_chains = 2
+num_iterations = 4
+"""
+
+
+def reference(text):
+    cfg = tomllib.loads(text)
+    built = config.build(cfg)
+    r = cfg["run"]
+    return simulate(r.get("seed", 0), built["sampler"], built["data"], np.zeros(built["model"].dim),
+                    r["num_iterations"], num_chains=r["num_chains"], burn_in=r.get("burn_in", 0),
+                    thinning=r.get("thinning", 1))
+
+
+def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_path):
+    from fedmcmc.flower.launch import run_sim_many
+
+    outs = [tmp_path / "qlsdpp", tmp_path / "fahmc"]
+    payloads = run_sim_many([(QLSD_PP, outs[0]), (FA_HMC, outs[1])])
+    for text, out, payload in zip((QLSD_PP, FA_HMC), outs, payloads):
+        ref = reference(text)
+        chunks = sorted((out / "chunks").glob("chunk_*.npz"))
+        samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
+        res_json = json.loads((out / "results.json").read_text())
+        assert (out / "posterior.nc").exists()
+        assert res_json == payload and res_json["flower"]["engine"] == "simulation"
+        assert res_json["flower"]["wire_bits_mismatch"] == 0 and res_json["flower"]["rejected_uploads"] == 0
+        assert res_json["upload_bits_per_chain"] == float(ref.total_bits_up.mean())
+        np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
+
+
+def test_wire_rejects_malformed_uploads():
+    like = [jax.ShapeDtypeStruct((4,), np.float32)]
+    v = np.array([1.0, -2.0, 0.5, 0.0], np.float32)
+    enc = encode_upload([v], [])
+    out, bits = decode_upload(enc.codecs, enc.blobs, like, 1e8)
+    np.testing.assert_array_equal(out[0], v)
+    assert bits == enc.bits == 128
+    bad = [(["f32"], [b"\x00" * 12]),                                  # wrong length
+           (["f32"], [np.array([np.nan, 0, 0, 0], np.float32).tobytes()]),  # NaN
+           (["f32"], [np.array([1e9, 0, 0, 0], np.float32).tobytes()]),     # absurd norm
+           (["qsgd/16"], [b"\xff\xff\xff"]),                              # undecodable
+           (["raw"], [v.tobytes()]),                                     # wrong codec for the dtype
+           (["f32", "f32"], [v.tobytes(), v.tobytes()])]                 # wrong number of arrays
+    for codecs, blobs in bad:
+        with pytest.raises(MalformedUpload):
+            decode_upload(codecs, blobs, like, 1e8)
+
+
+def test_faults_failed_and_malformed_clients_are_inactive_and_never_applied(tmp_path, caplog):
+    """Client 1's round-1 upload is garbage, client 0 fails in round 2, client 2 sends NaN in
+    round 3: each is inactive that round, on the server and on the client (QLSD++ memory terms
+    stay in step: the server's sum equals the clients' committed memories)."""
+    def faults(kind, k, i, reply):
+        if kind != "round" or reply is None:
+            return reply
+        if (k, i) == (1, 1):
+            for name in reply:
+                if name.startswith("blob/"):
+                    reply[name] = b"\xff\x00garbage"
+        if (k, i) == (2, 0):
+            return None
+        if (k, i) == (3, 2):
+            for c in reply["chains"]:
+                reply[f"codecs/{c}"] = ["f32"]
+                reply[f"blob/{c}/0"] = np.full(5, np.nan, np.float32).tobytes()
+        return reply
+
+    text = QLSD_PP.replace("participation = { p = 0.7, scaling = \"inverse_probability\" }", "")
+    transport = LocalTransport(text, 3, faults)
+    server = ServerRuntime(text, tmp_path)
+    res = server.run(transport)
+    assert np.all(np.isfinite(res.samples))
+    assert server.stats["rejected_uploads"] == 2 and server.stats["missing_replies"] == 1
+    # full participation: 3 clients x 6 rounds minus the three faults, per chain
+    assert res.total_bits_up.shape == (2,)
+    assert int(res.active.sum(axis=1)[0]) <= 3 * 6 - 3
+    # each client's memory term: its last result if the server accepted it, else the one before
+    from fedmcmc.flower.wire import unpack
+
+    with np.load(tmp_path / "chunks" / "state.npz") as z:
+        server_memory, accepted = z["ss1"], z["accepted"]  # QLSDPPState(position, memory)
+    memories = []
+    for i, client in transport.clients.items():
+        pending = unpack(transport.stores[i]["pending"], client.cs_like)
+        committed = unpack(transport.stores[i]["committed"], client.cs_like)
+        memories.append(np.where(accepted[:, i, None], np.asarray(pending.memory)[:, 0],
+                                 np.asarray(committed.memory)[:, 0]))
+    np.testing.assert_allclose(np.sum(memories, axis=0), server_memory, rtol=1e-5, atol=1e-5)
+
+
+def test_server_resumes_after_a_restart_with_the_same_samples(tmp_path):
+    class Crash(RuntimeError):
+        pass
+
+    def crash_in_round_5(kind, k, i, reply):
+        if kind == "round" and k == 5:
+            raise Crash("server killed")
+        return reply
+
+    transport = LocalTransport(QLSD_PP, 3, crash_in_round_5)
+    with pytest.raises(Crash):
+        ServerRuntime(QLSD_PP, tmp_path).run(transport)
+    transport.faults = None
+    transport.stores = {i: {} for i in range(3)}  # a new run: the nodes' Context.state is gone
+    res = ServerRuntime(QLSD_PP, tmp_path, resume=True).run(transport)
+    np.testing.assert_array_equal(res.samples, reference(QLSD_PP).samples)
+
+
+def test_no_raw_data_leaves_a_client(tmp_path):
+    """Every reply of every client is inspected: only uploads of the sampler's size, and no
+    data point's bytes (nor the data set's) appear in any of them."""
+    text = QLSD_PP.replace("num_iterations = 6", "num_iterations = 4")
+    replies = []
+
+    def record(kind, k, i, reply):
+        replies.append((i, reply))
+        return reply
+
+    transport = LocalTransport(text, 3, record)
+    ServerRuntime(text, tmp_path).run(transport)
+    data = config.build(tomllib.loads(text))["data"]
+    d = 5
+    assert {r[0] for r in replies} == {0, 1, 2}
+    for i, reply in replies:
+        raw = data.unpadded(i)
+        assert set(reply) <= {"index", "ok", "chains", "bits", "wire_bits"} | {
+            f"{p}/{c}" for p in ("codecs",) for c in range(2)} | {f"blob/{c}/0" for c in range(2)}
+        for name, value in reply.items():
+            if isinstance(value, bytes):
+                assert len(value) <= 4 * d + 8  # at most one float32 vector of dimension d
+                for row in np.asarray(raw, np.float32).reshape(len(raw), -1):
+                    assert row.tobytes() not in value
+
+
+CG_DSGLD = """
+[problem]
+name = "gaussian-blobs"
+num_shards = 3
+points_per_shard = 20
+[sampler]
+name = "cg-dsgld"
+step_size = 1e-3
+batch_size = 5
+local_steps = 10
+record_every = 5
+surrogate = "taylor"
+[run]
+seed = 2
+num_chains = 2
+num_iterations = 3
+"""
+
+QLSD_SHARP = """
+[problem]
+name = "heterogeneous-gaussian"
+num_clients = 3
+dim = 3
+[sampler]
+name = "qlsd"
+step_size = 1e-3
+batch_size = 4
+compression = { levels = [2, 16, 256] }
+participation = { p = 0.5, scaling = "inverse_probability" }
+[run]
+seed = 5
+num_chains = 2
+num_iterations = 3
+"""
+
+
+SMALL = """
+[problem]
+name = "heterogeneous-gaussian"
+num_clients = 3
+dim = 3
+[run]
+seed = 6
+num_chains = 2
+num_iterations = 3
+[sampler]
+"""
+PSGLD = SMALL + 'name = "psgld"\nstep_size = 1e-3\nbatch_size = 4\nbeta = 0.9\n'
+DG_SGLD = SMALL + ('name = "dg-sgld"\nstep_size = 1e-3\nrho = 0.1\nnum_local_steps = 2\nbatch_size = 4\n'
+                   'participation = { p = 0.5, scaling = "inverse_probability" }\n')
+FEDAVG = SMALL + 'name = "fedavg"\nstep_size = 1e-3\nlocal_steps = 3\nbatch_size = 4\ncompression = { bits = 6 }\n'
+
+
+@pytest.mark.parametrize("text", [CG_DSGLD, QLSD_SHARP, PSGLD, DG_SGLD, FEDAVG],
+                         ids=["cg-dsgld-setup-exchange", "qlsd-per-client-levels", "psgld", "dg-sgld", "fedavg"])
+def test_other_samplers_same_samples_over_the_runtime(text, tmp_path):
+    """CG-DSGLD (setup exchange, several draws per round), QLSD# with per-client quantisers
+    and partial participation, pSGLD (one client), DG-SGLD and FedAvg give the simulator's
+    samples bit for bit; DG-SGLD and FedAvg to 1-2 float32 ulps (see docs/flower.md)."""
+    ref = reference(text)
+    server = ServerRuntime(text, tmp_path)
+    res = server.run(LocalTransport(text, server.b))
+    if text in (DG_SGLD, FEDAVG):
+        np.testing.assert_allclose(res.samples, ref.samples, rtol=5e-7, atol=1e-8)
+        assert not np.array_equal(res.samples[:, :1], res.samples[:, 1:2])  # the chain moved
+    else:
+        np.testing.assert_array_equal(res.samples, ref.samples)
+    if text != PSGLD:  # centralised pSGLD counts no communication; on Flower its upload does travel
+        np.testing.assert_array_equal(res.total_bits_up, ref.total_bits_up)
+        assert server.stats["wire_bits_mismatch"] == 0
+    np.testing.assert_array_equal(res.setup_bits_up, ref.setup_bits_up)
