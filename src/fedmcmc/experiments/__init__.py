@@ -5,11 +5,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from fedmcmc.experiments import (cgdsgld_gaussian_mean, cgdsgld_linear_regression, fahmc_dimension, fahmc_local_steps, fahmc_vs_fald,
-                                 qlsd_toy_gaussian)
+                                 qlsd_logistic, qlsd_memory, qlsd_toy_gaussian)
 
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (qlsd_toy_gaussian, fahmc_vs_fald, fahmc_local_steps,
                                                           fahmc_dimension, cgdsgld_gaussian_mean,
-                                                          cgdsgld_linear_regression)}
+                                                          cgdsgld_linear_regression, qlsd_memory, qlsd_logistic)}
 
 
 def get(name: str) -> ModuleType:
