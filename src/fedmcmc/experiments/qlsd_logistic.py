@@ -50,8 +50,8 @@ NAME = "qlsd-logistic"
 SUMMARY = "QLSD++ 4/8/16 bits vs LSD++, DG-SGLD, FSGLD: logistic regression on MAGIC over 50 clients (QLSD Table 3)"
 
 FULL = dict(seed=0, dataset="keel:magic", num_clients=50, dirichlet_alpha=0.5, test_fraction=0.2, prior_scale=1.0,
-            bits=[4, 8, 16], step_fraction=0.2, refresh_every=100, batch_size=10, num_iterations=100_000,
-            burn_in=20_000, thinning=10, num_chains=4, rho=1e-3, dg_local_steps=1, fsgld_local_steps=10,
+            bits=[4, 8, 16], step_fraction=0.2, refresh_every=100, batch_size=10, num_iterations=50_000,
+            burn_in=10_000, thinning=10, num_chains=4, rho=1e-3, dg_local_steps=1, fsgld_local_steps=10,
             hpd_level=0.99, reference_samples=5_000, reference_warmup=1_000, reference_chains=4)
 QUICK = dict(FULL, num_iterations=10_000, burn_in=2_000, num_chains=2, reference_samples=1_000, reference_warmup=500,
              reference_chains=2)
