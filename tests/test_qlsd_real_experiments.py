@@ -61,3 +61,30 @@ def test_qlsd_memory_tiny(tmp_path, monkeypatch):
     assert 0.3 < r["reference"]["acceptance"] < 1
     for name in ("results.json", "variance_error.png", "posterior.nc"):
         assert (tmp_path / "out" / name).stat().st_size > 0
+
+
+def test_qlsd_logistic_tiny(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDMCMC_CACHE", str(tmp_path / "cache"))
+    r = qlsd_logistic.run(tmp_path / "out", quick=True, progress=False, settings=dict(
+        bits=[4], num_iterations=600, burn_in=200, num_chains=2, reference_samples=200, reference_warmup=100,
+        reference_chains=1))
+    assert get("qlsd-logistic") is qlsd_logistic
+    m, s = r["methods"], r["settings"]
+    assert set(m) == {"LSD++", "QLSD++ 4 bits", "DG-SGLD", "FSGLD"}
+    assert s["num_clients"] == 50 and s["dim"] == 11 and sum(s["client_sizes"]) == s["num_train"] == 15216
+    # bits per chain iteration: 50 clients x 11 floats for LSD++ and DG-SGLD; FSGLD sends one draw
+    # per visit of 10 iterations, plus its surrogates once (precision and shift, 77 floats each)
+    assert m["LSD++"]["bits_per_iteration"] == m["DG-SGLD"]["bits_per_iteration"] == 50 * 11 * 32
+    assert m["DG-SGLD"]["relative_efficiency"] == m["LSD++"]["relative_efficiency"] == 0.0
+    fsgld = (60 * 11 * 32 + 50 * surrogates.surrogate_bits(11, "full")) / 600
+    assert m["FSGLD"]["bits_per_iteration"] == pytest.approx(fsgld)
+    assert m["FSGLD"]["relative_efficiency"] == pytest.approx(1 - fsgld / 17600)
+    assert 0.5 < m["QLSD++ 4 bits"]["relative_efficiency"] < 0.9
+    eta_ref = r["reference"]["hpd_threshold"]
+    for v in m.values():
+        assert v["hpd_error"] == pytest.approx(abs(v["hpd_threshold"] - eta_ref) / eta_ref)
+        assert v["num_draws"] == 2 * 40
+    for label in ("LSD++", "QLSD++ 4 bits"):  # started at the mode, they stay in the posterior's bulk
+        assert m[label]["hpd_error"] < 0.01 and m[label]["test_accuracy"] > 0.75
+    for name in ("results.json", "hpd_error_vs_efficiency.png", "posterior.nc"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
