@@ -13,7 +13,8 @@ uploads ``Delta_i = C_i(g_i - eta_i)`` and updates its memory ``eta_i <- eta_i +
                   + sqrt(2 gamma_k) Z_{k+1},
     eta <- eta + sum_{i in A_k} alpha_i Delta_i.
 
-With ``memory=False`` (eta = 0) this is QLSD with SVRG gradients; LSD++ is QLSD++ without
+With ``memory=False``, or equivalently ``memory_rate=0`` (alpha = 0, so eta stays 0), this is
+QLSD with SVRG gradients ("QLSD++ without memory", Vono et al., supplement Figure S3); LSD++ is QLSD++ without
 compression. The refresh costs a full local gradient but no communication (theta_k is the
 broadcast itself).
 """
@@ -63,7 +64,9 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
     memory
         Use memory terms (``eta_i``); False gives QLSD with SVRG gradients.
     memory_rate
-        ``alpha`` (scalar or per client); default ``1 / (omega_i + 1)``.
+        ``alpha`` in ``[0, 1]`` (scalar or per client); default ``1 / (omega_i + 1)``.
+        ``alpha = 0`` switches a client's memory off (its ``eta_i`` stays 0), so
+        ``memory_rate=0`` runs the same chain as ``memory=False``.
     """
     step_size = check_step_size(step_size)
     compressor = identity() if compressor is None else compressor
@@ -75,8 +78,9 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
     if memory:
         alpha = (1.0 / (np.asarray(compressor.omega(model.dim), np.float64) + 1.0)
                  if memory_rate is None else np.asarray(memory_rate, np.float64))
-        if np.any(alpha <= 0) or np.any(alpha > 1):
-            raise ValueError(f"memory_rate alpha must lie in (0, 1] (got {alpha.tolist()})")
+        if not np.all(np.isfinite(alpha)) or np.any(alpha < 0) or np.any(alpha > 1):
+            raise ValueError(f"memory_rate alpha must lie in [0, 1] (got {alpha.tolist()}); "
+                             "0 switches the memory off, 1 / (omega + 1) is the default")
     else:
         alpha = np.zeros(())
     alpha = jnp.asarray(alpha, jnp.float32)
