@@ -73,10 +73,10 @@ def test_qlsd_logistic_tiny(tmp_path, monkeypatch):
     assert set(m) == {"LSD++", "QLSD++ 4 bits", "DG-SGLD", "FSGLD"}
     assert s["num_clients"] == 50 and s["dim"] == 11 and sum(s["client_sizes"]) == s["num_train"] == 15216
     # bits per chain iteration: 50 clients x 11 floats for LSD++ and DG-SGLD; FSGLD sends one draw
-    # per visit of 10 iterations, plus its surrogates once (precision and shift, 77 floats each)
+    # per visit of 10 iterations, plus its diagonal surrogates once (precision and shift, 22 floats each)
     assert m["LSD++"]["bits_per_iteration"] == m["DG-SGLD"]["bits_per_iteration"] == 50 * 11 * 32
     assert m["DG-SGLD"]["relative_efficiency"] == m["LSD++"]["relative_efficiency"] == 0.0
-    fsgld = (60 * 11 * 32 + 50 * surrogates.surrogate_bits(11, "full")) / 600
+    fsgld = (60 * 11 * 32 + 50 * surrogates.surrogate_bits(11, "diag")) / 600
     assert m["FSGLD"]["bits_per_iteration"] == pytest.approx(fsgld)
     assert m["FSGLD"]["relative_efficiency"] == pytest.approx(1 - fsgld / 17600)
     assert 0.5 < m["QLSD++ 4 bits"]["relative_efficiency"] < 0.9
