@@ -29,7 +29,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	-@$(MAKE) --no-print-directory fashion-mnist  # tests that need it say so and skip if this fails
-	$(BIN)/python -m pytest -q
+	# two workers (one per core); a test file stays on one worker, so its shared fixtures run once
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench: $(STAMP)
 	$(BIN)/fedmcmc bench --out results/bench

@@ -190,7 +190,7 @@ def _cached(prefix, model, data, logdensity, settings, seed, num_chains, one_cha
                               float(np.mean(accept)))
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # parallel test workers may race
         with open(tmp, "wb") as f:
             np.savez(f, samples=samples, rhat=result.rhat, ess=result.ess, divergences=result.divergences,
                      step_size=result.step_size, acceptance=result.acceptance)

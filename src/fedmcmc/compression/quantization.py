@@ -141,6 +141,21 @@ def dequantize(norm: Array, signed_levels: Array, s) -> Array:
     return numerator / divisor
 
 
+def quantize_message(key: PRNGKey, v: Array, s) -> tuple[Array, Array, Array, Array]:
+    """One quantised message: ``(v_hat, norm, signed_levels, bits)``.
+
+    ``v_hat = C^(s)(v)`` in ``v``'s float dtype; ``(norm, signed_levels)`` is what the QSGD
+    codec encodes and ``bits`` its exact encoded length. The compressor's ``apply`` and the
+    Flower client (which also needs the message itself) both call this.
+    """
+    v = jnp.asarray(v)
+    norm, signed_levels = quantize(key, v, s)
+    v_hat = dequantize(norm, signed_levels, s)
+    if jnp.issubdtype(v.dtype, jnp.floating):
+        v_hat = v_hat.astype(v.dtype)
+    return v_hat, norm, signed_levels, qsgd_encoded_bits(signed_levels.reshape(-1), s)
+
+
 def dequantize_np(norm, signed_levels, s) -> np.ndarray:
     """Numpy twin of :func:`dequantize`, bit-identical (same float32 operation order)."""
     norm = np.float32(norm)
@@ -267,12 +282,7 @@ def quantization(levels) -> Compressor:
         return QuantizationState(levels=jnp.asarray(table)[index].astype(jnp.int32))
 
     def apply(key: PRNGKey, v: Array, state: QuantizationState):
-        v = jnp.asarray(v)
-        norm, signed_levels = quantize(key, v, state.levels)
-        v_hat = dequantize(norm, signed_levels, state.levels)
-        if jnp.issubdtype(v.dtype, jnp.floating):
-            v_hat = v_hat.astype(v.dtype)
-        bits = qsgd_encoded_bits(signed_levels.reshape(-1), state.levels)
+        v_hat, _, _, bits = quantize_message(key, v, state.levels)
         return v_hat, state, CompressionInfo(bits=bits)
 
     def omega(d: int):

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.base import CompressionInfo, Compressor
-from fedmcmc.compression import decode_dense, decode_qsgd, dequantize, dequantize_np, encode_dense, encode_qsgd
+from fedmcmc.compression import decode_dense, decode_qsgd, dequantize_np, encode_dense, encode_qsgd
 from fedmcmc.compression.codec import qsgd_encoded_bits
-from fedmcmc.compression.quantization import MAX_LEVELS, QuantizationState, quantize
+from fedmcmc.compression.quantization import MAX_LEVELS, QuantizationState, quantize_message
 
 
 class MalformedUpload(ValueError):
@@ -34,12 +34,12 @@ class MalformedUpload(ValueError):
 class Tape:
     """Records what a quantising compressor encodes, while computing exactly what it computes.
 
-    ``wrap(compressor)`` returns a compressor whose ``apply`` runs the same JAX operations as
-    :func:`~fedmcmc.compression.quantization` (``quantize``, ``dequantize``,
-    ``qsgd_encoded_bits``), so samples are unchanged bit for bit, and appends the traced
-    ``(v_hat, norm, signed_levels, s)`` to :attr:`entries`. Other compressors are left as they
-    are (their output is sent dense). ``compressor.apply`` must be called at the top level of
-    ``client_step`` (not inside ``lax.cond``/``scan``), as every sampler of the library does.
+    ``wrap(compressor)`` returns a compressor whose ``apply`` runs the quantiser's own
+    :func:`~fedmcmc.compression.quantization.quantize_message`, so samples are unchanged bit
+    for bit, and appends the traced ``(v_hat, norm, signed_levels, s)`` to :attr:`entries`.
+    Other compressors are left as they are (their output is sent dense). ``compressor.apply``
+    must be called at the top level of ``client_step`` (not inside ``lax.cond``/``scan``), as
+    every sampler of the library does.
     """
 
     def __init__(self):
@@ -51,12 +51,7 @@ class Tape:
         def apply(key, v, state):
             if not isinstance(state, QuantizationState):
                 return original(key, v, state)
-            v = jnp.asarray(v)
-            norm, signed_levels = quantize(key, v, state.levels)
-            v_hat = dequantize(norm, signed_levels, state.levels)
-            if jnp.issubdtype(v.dtype, jnp.floating):
-                v_hat = v_hat.astype(v.dtype)
-            bits = qsgd_encoded_bits(signed_levels.reshape(-1), state.levels)
+            v_hat, norm, signed_levels, bits = quantize_message(key, v, state.levels)
             self.entries.append((v_hat, norm, signed_levels, state.levels))
             return v_hat, state, CompressionInfo(bits=bits)
 
