@@ -14,8 +14,8 @@ uploads ``Delta_i = C_i(g_i - eta_i)`` and updates its memory ``eta_i <- eta_i +
     eta <- eta + sum_{i in A_k} alpha_i Delta_i.
 
 With ``memory=False``, or equivalently ``memory_rate=0`` (alpha = 0, so eta stays 0), this is
-QLSD with SVRG gradients ("QLSD++ without memory", Vono et al., supplement Figure S3); LSD++ is QLSD++ without
-compression. The refresh costs a full local gradient but no communication (theta_k is the
+QLSD with SVRG gradients ("QLSD++ without memory", Vono et al., supplement Figure S3); LSD++
+is QLSD++ without compression. The refresh costs a full local gradient but no communication (theta_k is the
 broadcast itself).
 """
 
