@@ -1,13 +1,13 @@
 """fedmcmc: Bayesian federated learning by federated stochastic-gradient MCMC."""
 
-from fedmcmc import _xla  # noqa: F401  (CPU tuning; changes no number)
 from fedmcmc.base import ClientData, Compressor, FederatedSampler, Model, Participation
 from fedmcmc.data.federated import FederatedData, from_clients
+from fedmcmc.cpu import tune as tune_cpu
 from fedmcmc.simulator import DivergenceError, SimulationResult, simulate
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ClientData", "Compressor", "FederatedSampler", "Model", "Participation",
-    "FederatedData", "from_clients", "simulate", "SimulationResult", "DivergenceError",
+    "FederatedData", "from_clients", "simulate", "SimulationResult", "DivergenceError", "tune_cpu",
 ]

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc._xla import materialize
+from fedmcmc.cpu import materialize
 from fedmcmc.base import ClientData, Model
 from fedmcmc.data.federated import FederatedData
 

@@ -12,6 +12,10 @@ A run goes in chunks of a fixed number of rounds (compiled once). After each chu
 draws are appended to ``out_dir`` and the full state is checkpointed, so a run that was
 killed resumes from its last completed chunk (``resume=True``) and gives exactly the
 samples of an uninterrupted run.
+
+Chains run in blocks (:class:`Chains`): one block in this process by default, or one block
+per worker process after :func:`fedmcmc.tune_cpu` (:mod:`fedmcmc.workers`). A block derives
+its chains' keys from their global indices, so the split never changes a sample.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc._xla import materialize
+from fedmcmc import cpu
+from fedmcmc.cpu import materialize
 from fedmcmc.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
 
@@ -129,14 +134,15 @@ def _select(mask, new, old):
 _BUILT: "OrderedDict[tuple, tuple]" = OrderedDict()
 
 
-def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, num_devices: int = 1):
+def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None):
     """Compiled init and chunk functions, cached so repeated runs of the same sampler on the
     same data (chunks, resumes, benchmarks) do not compile again."""
-    key = (sampler, id(data.x), id(data.counts), statistic, num_devices)
+    key = (sampler, id(data.x), id(data.counts), statistic)
     if key in _BUILT:
         _BUILT.move_to_end(key)
         return _BUILT[key][1]
-    built = _jit_over_devices(*_compile(sampler, data, statistic), num_devices)
+    init, run_chunk = _compile(sampler, data, statistic)
+    built = cpu.jit(init), cpu.jit(run_chunk, static_argnums=(3, 4))
     _BUILT[key] = (data, built)  # holding data keeps the ids valid
     if len(_BUILT) > 16:
         _BUILT.popitem(last=False)
@@ -234,37 +240,77 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
     return jax.vmap(chain_init), run_chunk
 
 
-def _jit_over_devices(init, run_chunk, num_devices: int):
-    """Jit ``init`` and ``run_chunk``, splitting the chains over ``num_devices`` devices.
-
-    Chains are independent: with ``shard_map`` each device runs the whole program on its own
-    chains, data-dependent loops (Floyd's fixed point) included, with no communication."""
-    if num_devices == 1:
-        return jax.jit(init), jax.jit(run_chunk, static_argnums=(3, 4))
-    from jax.sharding import Mesh, PartitionSpec as P
-
-    mesh = Mesh(np.array(jax.local_devices()[:num_devices]), ("chains",))
-
-    def split(f, in_specs):
-        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=P("chains"), check_vma=False)
-
-    @jax.jit
-    def sharded_init(keys, theta0):
-        return split(init, (P("chains"), P("chains")))(keys, theta0)
-
-    @partial(jax.jit, static_argnums=(3, 4))
-    def sharded_chunk(keys, carry, k0, num_draws, thinning):
-        local = lambda kk, cc, k: run_chunk(kk, cc, k, num_draws, thinning)  # noqa: E731
-        return split(local, (P("chains"), P("chains"), P()))(keys, carry, k0)
-
-    return sharded_init, sharded_chunk
+def chain_keys(seed: int, chains) -> jax.Array:
+    """``[len(chains), 2]`` keys of the chains with these global indices: ``fold_in(key(seed), c)``."""
+    return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.asarray(chains, jnp.uint32))
 
 
-def _num_devices(num_chains: int) -> int:
-    """Local devices to spread chains over (one per CPU core, see ``fedmcmc._xla``): all of
-    them when they divide ``num_chains``, else one."""
-    n = len(jax.local_devices())
-    return n if n > 1 and num_chains % n == 0 else 1
+class Chains:
+    """A block of chains with consecutive global indices, run in this process.
+
+    Holds the compiled programs and the chains' state between chunks. The same object runs
+    inside a worker process (:mod:`fedmcmc.workers`), where :class:`fedmcmc.workers.Remote`
+    forwards these methods to it.
+    """
+
+    def __init__(self, sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, seed: int,
+                 chains: range, theta0):
+        self.chains = chains
+        self.init, self.chunk = _build(sampler, data, statistic)
+        self.keys = chain_keys(seed, np.arange(chains.start, chains.stop))
+        theta0 = jnp.asarray(theta0, jnp.float32)
+        try:
+            carry_shape = jax.eval_shape(self.init, self.keys, theta0)[0]
+            jax.eval_shape(lambda k, c: self.chunk(k, c, jnp.int32(0), 1, 1), self.keys, carry_shape)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"theta0 of shape {tuple(theta0.shape[1:])} does not fit this sampler and data "
+                             f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
+        self.carry, (up, down) = self.init(self.keys, theta0)
+        self.setup_bits = (np.asarray(up, np.int64).sum(axis=1), np.asarray(down, np.int64) * data.num_clients)
+
+    def run(self, k0: int, num_draws: int, thinning: int) -> dict:
+        """Rounds ``k0 + 1 .. k0 + num_draws * thinning``: positions ``[chains, draws, m, d]``, the
+        bit and participation counts of each draw's window, statistics ``[chains, rounds, ...]``."""
+        self.carry, positions, windows, stats = self.chunk(self.keys, self.carry, jnp.int32(k0), num_draws, thinning)
+        out = {"positions": np.asarray(positions), "up": _total(windows.up_hi, windows.up_lo),
+               "down": _total(windows.down_hi, windows.down_lo), "active": np.asarray(windows.active)}
+        if stats is not None:
+            s = np.asarray(stats)  # [chains, draws, thinning, ...]
+            out["stats"] = s.reshape((s.shape[0], num_draws * thinning) + s.shape[3:])
+        return out
+
+    def state(self) -> list[np.ndarray]:
+        """The chains' full state, as leaves with the chain axis first (for checkpoints)."""
+        return [np.asarray(x) for x in jax.tree_util.tree_leaves(self.carry)]
+
+    def restore(self, leaves) -> None:
+        treedef = jax.tree_util.tree_structure(self.carry)
+        self.carry = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in leaves])
+
+    def submit(self, method: str, *args) -> None:
+        """Call ``method(*args)`` now; :meth:`result` returns what it returned (the interface
+        of a block in a worker process, which runs while the caller goes on)."""
+        self._result = getattr(self, method)(*args)
+
+    def result(self):
+        return self._result
+
+
+def _blocks(num_chains: int, workers: int) -> list[range]:
+    """Consecutive chain indices, split as evenly as possible over at most ``workers`` blocks of
+    at least 2 chains: XLA compiles a batch of one chain differently (it drops the axis), which
+    can change the last bit of a sample, while batches of 2 or more give every chain the same
+    numbers (tested)."""
+    workers = max(1, min(workers, num_chains // 2))
+    edges = np.linspace(0, num_chains, workers + 1).round().astype(int)
+    return [range(a, b) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def _each(blocks, method: str, args):
+    """Call ``method(*args(block))`` on every block; remote blocks run at the same time."""
+    for block in blocks:
+        block.submit(method, *args(block))
+    return [block.result() for block in blocks]
 
 
 def _fingerprint(**settings) -> str:
@@ -281,7 +327,7 @@ def _save_npz(path: Path, **arrays):
 def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, num_iterations: int, *,
              num_chains: int = 1, burn_in: int = 0, thinning: int = 1, statistic: Callable | None = None,
              chunk_size: int | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
-             progress: bool = False, description: str | None = None) -> SimulationResult:
+             progress: bool = False, description: str | None = None, workers: int | None = None) -> SimulationResult:
     """Run ``num_chains`` independent chains of a federated sampler for ``num_iterations`` rounds.
 
     Parameters
@@ -308,6 +354,10 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         Continue a run killed after its last completed chunk in ``out_dir``.
     progress
         Show a progress bar with the rate in rounds per second.
+    workers
+        Worker processes to spread the chains over (:mod:`fedmcmc.workers`); default: the
+        number set by :func:`fedmcmc.tune_cpu`, which is 1 (this process) until it is called.
+        The samples do not depend on it.
     """
     for label, value in (("num_iterations", num_iterations), ("num_chains", num_chains), ("thinning", thinning)):
         if int(value) != value or value < 1:
@@ -331,26 +381,24 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
     if resume and out_dir is None:
         raise ValueError("resume needs out_dir, the folder of the interrupted run")
 
-    devices = _num_devices(num_chains)
-    init, chunk = _build(sampler, data, statistic, devices)
-    try:
-        keys_shape = jax.ShapeDtypeStruct((num_chains, 2), jnp.uint32)
-        carry_shape = jax.eval_shape(init, keys_shape, theta0)[0]
-        jax.eval_shape(lambda k, c: chunk(k, c, jnp.int32(0), 1, 1), keys_shape, carry_shape)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"theta0 of shape {tuple(theta0.shape[1:])} does not fit this sampler and data "
-                         f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
-    chain_keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed),
-                                                         jnp.arange(num_chains, dtype=jnp.uint32))
-    carry, (setup_up, setup_down) = init(chain_keys, theta0)
-    setup_bits = (np.asarray(setup_up, np.int64).sum(axis=1),
-                  np.asarray(setup_down, np.int64) * data.num_clients)
+    if workers is None:
+        workers = cpu.default_workers()
+    if jax.default_backend() != "cpu":
+        workers = 1
+    theta0 = np.asarray(theta0)
+    ranges = _blocks(num_chains, workers)
+    if len(ranges) > 1:
+        from fedmcmc import workers as pool
+
+        blocks = pool.start(seed, sampler, data, statistic, ranges, theta0)
+    else:
+        blocks = [Chains(sampler, data, statistic, seed, range(num_chains), theta0)]
+    setup_bits = tuple(np.concatenate(parts) for parts in zip(*(block.setup_bits for block in blocks)))
     m = int(sampler.draws_per_round)
-    leaves, treedef = jax.tree_util.tree_flatten(carry)
     fingerprint = _fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,
                                d=int(theta0.shape[1]), chains=num_chains, iterations=num_iterations,
                                burn_in=burn_in, thinning=thinning, chunk=chunk_size,
-                               theta0=hashlib.sha256(np.asarray(theta0).tobytes()).hexdigest())
+                               theta0=hashlib.sha256(theta0.tobytes()).hexdigest())
 
     chunk_dir = None
     done, wall = 0, 0.0
@@ -363,7 +411,8 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
             if str(saved["fingerprint"]) != fingerprint:
                 raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
                                  "use another --out folder or drop --resume")
-            carry = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(saved[f"leaf{i}"]) for i in range(len(leaves))])
+            leaves = [saved[f"leaf{i}"] for i in range(sum(name.startswith("leaf") for name in saved.files))]
+            _each(blocks, "restore", lambda block: ([x[block.chains.start:block.chains.stop] for x in leaves],))
             done, wall = int(saved["done"]), float(saved["wall"])
             for i in range(int(saved["num_chunks"])):
                 with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
@@ -384,9 +433,9 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         while done < num_iterations:
             length = min(chunk_size, num_iterations - done)
             start = time.perf_counter()
-            carry, positions, windows, stats = chunk(chain_keys, carry, jnp.int32(done),
-                                                     length // thinning, thinning)
-            positions = np.asarray(positions)  # [chains, rounds, m, d]
+            parts = _each(blocks, "run", lambda block: (done, length // thinning, thinning))
+            out = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+            positions = out["positions"]  # [chains, rounds, m, d]
             wall += time.perf_counter() - start
             if not np.all(np.isfinite(positions)):
                 bad = ~np.all(np.isfinite(positions), axis=(-2, -1))  # [chains, rounds]
@@ -395,23 +444,18 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
             # Only what is kept goes to disk: draws and statistics after burn-in, bit counts always.
             kept_draws = done + np.arange(1, length // thinning + 1) * thinning > burn_in
             kept = positions[:, kept_draws]
-            piece = {
-                "positions": kept.reshape((num_chains, -1) + kept.shape[3:]),
-                "up": _total(windows.up_hi, windows.up_lo),
-                "down": _total(windows.down_hi, windows.down_lo),
-                "active": np.asarray(windows.active),
-            }
+            piece = {"positions": kept.reshape((num_chains, -1) + kept.shape[3:]),
+                     "up": out["up"], "down": out["down"], "active": out["active"]}
             if statistic is not None:
-                s = np.asarray(stats)  # [chains, draws, thinning, ...]
-                s = s.reshape((num_chains, length) + s.shape[3:])
-                piece["stats"] = s[:, done + np.arange(1, length + 1) > burn_in]
+                piece["stats"] = out["stats"][:, done + np.arange(1, length + 1) > burn_in]
             pieces.append(piece)
             done += length
             if chunk_dir is not None:
                 _save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **piece)
+                leaves = [np.concatenate(x) for x in zip(*_each(blocks, "state", lambda block: ()))]
                 _save_npz(chunk_dir / "state.npz", fingerprint=np.asarray(fingerprint), done=np.asarray(done),
                           wall=np.asarray(wall), num_chunks=np.asarray(len(pieces)),
-                          **{f"leaf{i}": np.asarray(x) for i, x in enumerate(jax.tree_util.tree_leaves(carry))})
+                          **{f"leaf{i}": x for i, x in enumerate(leaves)})
             if bar is not None:
                 bar.update(length)
     finally:

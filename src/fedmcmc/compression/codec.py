@@ -61,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fedmcmc._xla import materialize
+from fedmcmc.cpu import materialize
 from fedmcmc.types import Array
 
 __all__ = [

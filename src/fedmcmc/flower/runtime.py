@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc import config as config_lib
-from fedmcmc._xla import materialize
+from fedmcmc import cpu
+from fedmcmc.cpu import materialize
 from fedmcmc.flower.wire import MalformedUpload, Tape, decode_upload, encode_upload, pack, unpack
 from fedmcmc.simulator import DivergenceError, _assemble, _fingerprint, _save_npz, _select
 
@@ -95,18 +96,18 @@ def _shared_client(cfg_text: str) -> dict:
         return _select(m, new_cs, cs), up, info.bits, taped
 
     functions = {
-        "first": jax.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1])),
-        "init": jax.jit(jax.vmap(init, (0, 0, None, None))),
-        "step": jax.jit(jax.vmap(step, (0, 0, 0, 0, None, None, None))),
-        "accept": jax.jit(jax.vmap(_select)),
+        "first": cpu.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1])),
+        "init": cpu.jit(jax.vmap(init, (0, 0, None, None))),
+        "step": cpu.jit(jax.vmap(step, (0, 0, 0, 0, None, None, None))),
+        "accept": cpu.jit(jax.vmap(_select)),
     }
     if s.setup is not None:
         def setup(ck, cs, bc, data, ids):
             setup_key = jax.random.fold_in(jax.random.fold_in(ck, 0), b + 1)
             return jax.vmap(s.setup.client, (0, 0, None, 0))(keys(setup_key, ids), cs, bc, data)
 
-        functions["setup"] = jax.jit(jax.vmap(setup, (0, 0, 0, None, None)))
-        functions["receive"] = jax.jit(jax.vmap(lambda cs, msg: jax.vmap(s.setup.receive, (0, None))(cs, msg)))
+        functions["setup"] = cpu.jit(jax.vmap(setup, (0, 0, 0, None, None)))
+        functions["receive"] = cpu.jit(jax.vmap(lambda cs, msg: jax.vmap(s.setup.receive, (0, None))(cs, msg)))
     _SHARED[key] = {"cfg": cfg, "sampler": s, "tape": tape, "data": built["data"], "dim": built["model"].dim,
                     "functions": functions}
     if len(_SHARED) > 8:
@@ -297,11 +298,11 @@ class ServerRuntime:
         def step(ck, ss, up, m, k):
             return s.server_step(fold(fold(ck, k + 1), b), ss, up, m, k)
 
-        self.init = jax.jit(jax.vmap(init))
-        self.masks = jax.jit(jax.vmap(masks, (0, None)))
-        self.step = jax.jit(jax.vmap(step, (0, 0, 0, 0, None)))
+        self.init = cpu.jit(jax.vmap(init))
+        self.masks = cpu.jit(jax.vmap(masks, (0, None)))
+        self.step = cpu.jit(jax.vmap(step, (0, 0, 0, 0, None)))
         if s.setup is not None:
-            self.setup = jax.jit(jax.vmap(lambda ck, ss, up: s.setup.server(fold(fold(fold(ck, 0), b + 1), b), ss, up)))
+            self.setup = cpu.jit(jax.vmap(lambda ck, ss, up: s.setup.server(fold(fold(fold(ck, 0), b + 1), b), ss, up)))
         d = self.built["model"].dim
         self.theta0 = jnp.zeros((self.C, d), jnp.float32)
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)

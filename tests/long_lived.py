@@ -1,0 +1,40 @@
+"""One long-lived process that does what a user does: find the mode, run a NUTS reference,
+then every registered sampler and surrogate kind with 1, 2, 3 and 4 chains.
+
+Run by ``test_runtime.py::test_nothing_hangs_in_one_long_lived_process``, which watches the
+lines printed here from outside and kills the process if a step makes no progress.
+Prints ``START <step>`` before and ``DONE <step>`` after every step.
+"""
+
+import sys
+import time
+
+import numpy as np
+
+import fedmcmc
+from catalog import breast_cancer, samplers
+from fedmcmc import gradients, reference
+
+
+def step(label, fn):
+    print(f"START {label}", flush=True)
+    t = time.perf_counter()
+    fn()
+    print(f"DONE {label} {time.perf_counter() - t:.1f}s", flush=True)
+
+
+def main(chain_counts):
+    data, model = breast_cancer()
+    found = {}
+    step("find_mode", lambda: found.setdefault("mode", gradients.find_mode(model, data)))
+    step("nuts", lambda: reference.nuts(0, model, data, num_samples=50, num_chains=2, num_warmup=50,
+                                        use_cache=False))
+    for name, (sampler, d) in samplers(data, model, found["mode"]).items():
+        for chains in chain_counts:
+            step(f"{name} chains={chains}",
+                 lambda: fedmcmc.simulate(0, sampler, d, np.zeros(model.dim, np.float32), 2, num_chains=chains))
+    print("ALL DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main([int(c) for c in sys.argv[1:]] or [1, 2, 3, 4])

@@ -1,0 +1,146 @@
+"""The runtime never hangs, leaves the user's JAX alone, and gives the same samples wherever
+the chains run (this process or worker processes)."""
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedmcmc
+from catalog import breast_cancer, samplers
+from fedmcmc import gradients, simulator, workers
+
+HERE = Path(__file__).parent
+STEP_TIMEOUT = 120  # seconds without progress that count as a hang (a step compiles in about 3 s)
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_nothing_hangs_in_one_long_lived_process():
+    """find_mode, NUTS, then every sampler and surrogate kind with 1-4 chains, in ONE process
+    watched from outside: a step without progress for STEP_TIMEOUT seconds fails, naming it."""
+    proc = subprocess.Popen([sys.executable, str(HERE / "long_lived.py")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],
+                     daemon=True).start()
+    current, log = "start-up", []
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=STEP_TIMEOUT)
+            except queue.Empty:
+                pytest.fail(f"{current}: no progress in {STEP_TIMEOUT} s, the run hangs\n" + "".join(log[-20:]))
+            if line is None:
+                break
+            log.append(line)
+            if line.startswith("START "):
+                current = line[6:].strip()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        proc.wait()
+    assert proc.returncode == 0 and log[-1].strip() == "ALL DONE", "".join(log[-30:])
+
+
+def test_import_changes_nothing_in_jax():
+    code = ("import os, jax; from jax._src.interpreters import mlir; from jax._src.random import threefry2x32 as tf\n"
+            "rule = mlir._platform_specific_lowerings['cpu'].get(tf.threefry2x32_p)\n"
+            "flags = os.environ.get('XLA_FLAGS'); import fedmcmc, numpy as np\n"
+            "from fedmcmc.data.synthetic import heterogeneous_gaussian\n"
+            "from fedmcmc.models.gaussian import gaussian_mean\nfrom fedmcmc.samplers import qlsd_sharp\n"
+            "d = heterogeneous_gaussian(num_clients=3, dim=2)\n"
+            "fedmcmc.simulate(0, qlsd_sharp(gaussian_mean(2), 1e-3, 2), d, np.zeros(2), 3, num_chains=2)\n"
+            "assert os.environ.get('XLA_FLAGS') == flags, os.environ.get('XLA_FLAGS')\n"
+            "assert mlir._platform_specific_lowerings['cpu'].get(tf.threefry2x32_p) is rule\n"
+            "print(len(jax.devices()))")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1"]
+    bare = subprocess.run([sys.executable, "-c", "import jax; print(len(jax.devices()))"], capture_output=True,
+                          text=True, env=env)
+    assert out.stdout == bare.stdout
+
+
+@pytest.fixture(scope="module")
+def problem():
+    data, model = breast_cancer()
+    return data, model, samplers(data, model)
+
+
+@pytest.mark.parametrize("name", ["qlsd*", "qlsd++", "fa-hmc", "dsgld", "cg-dsgld-laplace-full",
+                                  "cg-dsgld-sgld_moments-diag"])
+def test_worker_processes_give_the_samples_of_one_process(problem, name):
+    data, model, catalog = problem
+    sampler, d = catalog[name]
+    kwargs = dict(num_chains=5, burn_in=2, thinning=2, statistic=jnp.linalg.norm)  # blocks of 2 and 3 chains
+    here = fedmcmc.simulate(5, sampler, d, np.zeros(model.dim), 8, workers=1, **kwargs)
+    spread = fedmcmc.simulate(5, sampler, d, np.zeros(model.dim), 8, workers=2, **kwargs)
+    for field in ("samples", "bits_up", "bits_down", "active", "statistics", "total_bits_up", "setup_bits_up"):
+        np.testing.assert_array_equal(getattr(spread, field), getattr(here, field), err_msg=field)
+
+
+def test_a_run_resumes_with_another_number_of_workers(problem, tmp_path, monkeypatch):
+    data, model, catalog = problem
+    sampler, d = catalog["qlsd++"]
+    kwargs = dict(num_chains=4, burn_in=4, thinning=2, chunk_size=4)
+    full = fedmcmc.simulate(7, sampler, d, np.zeros(model.dim), 16, **kwargs)
+    real_save, calls = simulator._save_npz, {"n": 0}
+
+    def crashing_save(path, **arrays):
+        real_save(path, **arrays)
+        calls["n"] += 1
+        if calls["n"] == 3:  # chunk 0, its state, chunk 1 written: die before the state
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(simulator, "_save_npz", crashing_save)
+    with pytest.raises(KeyboardInterrupt):
+        fedmcmc.simulate(7, sampler, d, np.zeros(model.dim), 16, out_dir=tmp_path, workers=2, **kwargs)
+    monkeypatch.setattr(simulator, "_save_npz", real_save)
+    resumed = fedmcmc.simulate(7, sampler, d, np.zeros(model.dim), 16, out_dir=tmp_path, resume=True, **kwargs)
+    np.testing.assert_array_equal(resumed.samples, full.samples)
+    np.testing.assert_array_equal(resumed.total_bits_up, full.total_bits_up)
+
+
+def test_worker_errors_reach_the_caller(problem):
+    data, model, catalog = problem
+    sampler, d = catalog["qlsd*"]
+    with pytest.raises(ValueError, match="theta0 of shape"):
+        fedmcmc.simulate(0, sampler, d, np.zeros(model.dim + 1), 4, num_chains=4, workers=2)
+    workers._POOL[0].proc.kill()  # a worker that died is reported, and the next run starts new ones
+    time.sleep(0.5)
+    with pytest.raises(workers.WorkerError, match="exited"):
+        for w in workers._POOL:
+            w.send("state")
+            w.receive()
+    res = fedmcmc.simulate(0, sampler, d, np.zeros(model.dim), 4, num_chains=4, workers=2)
+    assert res.samples.shape == (4, 4, model.dim)
+
+
+def test_chains_are_split_into_blocks_of_at_least_two():
+    assert simulator._blocks(3, 2) == [range(0, 3)]
+    assert simulator._blocks(5, 2) == [range(0, 2), range(2, 5)]
+    assert simulator._blocks(30, 2) == [range(0, 15), range(15, 30)]
+    assert simulator._blocks(4, 8) == [range(0, 2), range(2, 4)]
+
+
+def test_tune_cpu_sets_the_default_number_of_workers():
+    try:
+        assert fedmcmc.tune_cpu(3) == 3 and fedmcmc.cpu.default_workers() == 3
+        assert fedmcmc.tune_cpu() == len(fedmcmc.cpu.available_cores())
+        with pytest.raises(ValueError, match="positive integer"):
+            fedmcmc.tune_cpu(0)
+    finally:
+        fedmcmc.tune_cpu(1)
