@@ -32,11 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting of the study, e.g. --set step_size=4.9e-6")
     r.add_argument("--no-progress", action="store_true")
+    _workers_option(r)
     c = sub.add_parser("run", help="run a sampler described in a TOML file")
     c.add_argument("config", type=Path)
     c.add_argument("--out", type=Path, default=None, help="output folder (default results/CONFIG-NAME)")
     c.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
     c.add_argument("--no-progress", action="store_true")
+    _workers_option(c)
     f = sub.add_parser("flower", help="run a config on Flower: simulation or local deployment engine")
     f.add_argument("engine", choices=["sim", "deploy"])
     f.add_argument("config", type=Path)
@@ -46,7 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="measure throughput against the NumPy reference")
     b.add_argument("--quick", action="store_true")
     b.add_argument("--out", type=Path, default=Path("results/bench"))
+    _workers_option(b)
     return p
+
+
+def _workers_option(parser) -> None:
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="worker processes to spread chains over (default: one per core; 1: this process only)")
 
 
 def _list() -> None:
@@ -67,6 +75,10 @@ def _main(args) -> int:
     if args.command == "list":
         _list()
         return 0
+    if getattr(args, "workers", None) is not None or args.command in ("reproduce", "run", "bench"):
+        import fedmcmc
+
+        fedmcmc.tune_cpu(args.workers)
     if args.command == "reproduce":
         from fedmcmc import experiments
 
@@ -109,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     args = _parser().parse_args(argv)
     from fedmcmc.simulator import DivergenceError
+    from fedmcmc.workers import WorkerError
 
     try:
         return _main(args)
@@ -121,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         message = err.args[0] if err.args else repr(err)
         sys.stderr.write(f"fedmcmc: error: {message}\n")
         return 2
+    except WorkerError as err:
+        sys.stderr.write(f"fedmcmc: error: {err.args[0].splitlines()[0]}; rerun with --resume, or with --workers 1 "
+                         "to run every chain in this process\n")
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write("fedmcmc: interrupted; rerun with --resume to continue from the last chunk\n")
         return 130

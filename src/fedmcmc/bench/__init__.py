@@ -16,17 +16,14 @@
 
 from __future__ import annotations
 
-import os
 import platform
-import subprocess
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
-import jax
 import numpy as np
 
-from fedmcmc import gradients, io
+from fedmcmc import cpu, gradients, io
 from fedmcmc.bench import numpy_reference
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
@@ -39,14 +36,17 @@ STEP = 4.9e-4
 LEVELS = 16
 
 
-def _rate(sampler, data, chains, iterations, repeats=3, d=None) -> float:
-    """Best of ``repeats`` chain-iterations per second, compilation excluded."""
+def _rate(sampler, data, chains, iterations, repeats=3, d=None, workers=None) -> float:
+    """Best of ``repeats`` chain-iterations per second, compilation excluded (``workers``: as in
+    :func:`fedmcmc.simulate`, default the number set by :func:`fedmcmc.tune_cpu`)."""
     d = data.x.shape[-1] if d is None else d
-    simulate(0, sampler, data, np.zeros(d), iterations, num_chains=chains, chunk_size=iterations)  # compile
+    run = partial(simulate, sampler=sampler, data=data, theta0=np.zeros(d), num_iterations=iterations,
+                  num_chains=chains, chunk_size=iterations, workers=workers)
+    run(0)  # compile
     best = float("inf")
     for r in range(repeats):
         t = time.perf_counter()
-        simulate(r + 1, sampler, data, np.zeros(d), iterations, num_chains=chains, chunk_size=iterations)
+        run(r + 1)
         best = min(best, time.perf_counter() - t)
     return chains * iterations / best
 
@@ -58,17 +58,10 @@ def _toy():
     return data, model, batch, gradients.find_mode(model, data)
 
 
-def qlsd_star_rate(chains: int, iters: int) -> float:
+def qlsd_star_rate(chains: int, iters: int, workers: int | None = None) -> float:
+    """QLSD* chain-iterations per second on the toy problem (the ``speedup_vs_numpy`` workload)."""
     data, model, batch, mode = _toy()
-    return _rate(qlsd_star(model, STEP, mode, batch, quantization(LEVELS)), data, chains, iters)
-
-
-def _rate_on_one_core(chains: int, iters: int) -> float:
-    """The same measurement in a fresh process with a single XLA CPU device."""
-    env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1"}
-    code = f"from fedmcmc.bench import qlsd_star_rate; print(qlsd_star_rate({chains}, {iters}))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    return float(proc.stdout.strip().splitlines()[-1])
+    return _rate(qlsd_star(model, STEP, mode, batch, quantization(LEVELS)), data, chains, iters, workers=workers)
 
 
 def fa_hmc_rates(chains: int, rounds: int, num_leapfrog: int = 10, local_steps: int = 10) -> dict:
@@ -107,7 +100,7 @@ def run(out: Path, quick: bool = False) -> dict:
     star = qlsd_star(model, STEP, mode, batch, quantization(LEVELS))
     ours = _rate(star, data, 30, iters)
     ours_one = _rate(star, data, 1, iters)
-    ours_one_core = _rate_on_one_core(30, iters)
+    ours_one_process = _rate(star, data, 30, iters, workers=1)
     clients = [data.unpadded(i).astype(np.float64) for i in range(data.num_clients)]
     rng = np.random.default_rng(0)
     t = time.perf_counter()
@@ -125,11 +118,11 @@ def run(out: Path, quick: bool = False) -> dict:
     payload = {
         "quick": quick,
         "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "cpu_devices": len(jax.local_devices()),
-        "qlsd_star_chain_iterations_per_second": {"ours_30_chains": ours, "ours_30_chains_one_core": ours_one_core,
+        "workers": cpu.default_workers(),
+        "qlsd_star_chain_iterations_per_second": {"ours_30_chains": ours, "ours_30_chains_one_process": ours_one_process,
                                                    "ours_1_chain": ours_one, "numpy_reference_1_chain": numpy_rate},
         "speedup_vs_numpy": ours / numpy_rate,
-        "speedup_vs_numpy_one_core": ours_one_core / numpy_rate,
+        "speedup_vs_numpy_one_process": ours_one_process / numpy_rate,
         "federation": {"qlsd_identity_chain_iterations_per_second": fed,
                        "sgld_same_total_minibatch_chain_iterations_per_second": central,
                        "qlsd_identity_full_batch_chain_iterations_per_second": fed_full,
