@@ -188,28 +188,29 @@ class FAUpload(NamedTuple):
 
 
 class StochasticGradient(NamedTuple):
-    """A stochastic gradient ``g(xi, theta) = m(xi, theta) + e(xi)``.
+    """A stochastic gradient ``g(xi, theta) = m(xi, theta) + e(xi)``: an evaluation ``m`` and an
+    additive noise ``e``.
 
     Attributes
     ----------
-    mean
-        ``mean(key, theta)``: the evaluation, exact or a minibatch estimate.
+    evaluate
+        ``evaluate(key, theta)``: the evaluation ``m``, exact or a minibatch estimate.
     noise
         ``noise(key, theta)``: zero-mean noise added to every draw (e.g. N(0, sigma^2 I)), or None.
     deterministic
-        ``mean`` ignores its key (an exact gradient): a new draw at the same point reuses the
+        ``evaluate`` ignores its key (an exact gradient): a new draw at the same point reuses the
         evaluation and draws only a new noise.
     """
 
-    mean: Callable[[Any, Any], Any]
+    evaluate: Callable[[Any, Any], Any]
     noise: Callable[[Any, Any], Any] | None = None
     deterministic: bool = False
 
-    def sample(self, key, theta, mean=None):
+    def sample(self, key, theta, evaluation=None):
         """A draw at ``theta`` with its own randomness ``key``; returns ``(g, m)``, the draw and
-        its evaluation. ``mean``, the evaluation at ``theta``, is reused if ``deterministic``."""
-        key_mean, key_noise = jax.random.split(key)
-        m = mean if self.deterministic and mean is not None else self.mean(key_mean, theta)
+        its evaluation. ``evaluation``, the one at ``theta``, is reused if ``deterministic``."""
+        key_eval, key_noise = jax.random.split(key)
+        m = evaluation if self.deterministic and evaluation is not None else self.evaluate(key_eval, theta)
         return (m if self.noise is None else m + self.noise(key_noise, theta)), m
 
 
@@ -219,39 +220,40 @@ def as_stochastic_gradient(grad) -> StochasticGradient:
     return grad if isinstance(grad, StochasticGradient) else StochasticGradient(grad)
 
 
-def leapfrog_step(grad: StochasticGradient, key, theta, momentum, mean, step_size):
+def leapfrog_step(grad: StochasticGradient, key, theta, momentum, evaluation, step_size):
     """One stochastic leapfrog step (Algorithm 1) with two independent gradient draws:
 
         p_half = p - (eta / 2) g(theta, xi_k),    theta' = theta + eta p_half,
         p'     = p_half - (eta / 2) g(theta', xi_{k+1/2}),
 
     the opening draw from ``fold_in(key, 0)`` and the closing one from ``fold_in(key, 1)``.
-    ``mean`` is the evaluation at ``theta`` (reused only by a deterministic ``grad``). Returns
+    ``evaluation`` is the one at ``theta`` (reused only by a deterministic ``grad``). Returns
     ``(theta', p', m')`` with ``m'`` the evaluation at ``theta'``.
     """
-    g, _ = grad.sample(jax.random.fold_in(key, 0), theta, mean)
+    g, _ = grad.sample(jax.random.fold_in(key, 0), theta, evaluation)
     p = momentum - 0.5 * step_size * g
     theta = theta + step_size * p
-    g, mean = grad.sample(jax.random.fold_in(key, 1), theta)
-    return theta, p - 0.5 * step_size * g, mean
+    g, evaluation = grad.sample(jax.random.fold_in(key, 1), theta)
+    return theta, p - 0.5 * step_size * g, evaluation
 
 
-def leapfrog(grad, key, theta, momentum, mean, step_size, num_steps: int):
+def leapfrog(grad, key, theta, momentum, evaluation, step_size, num_steps: int):
     """``num_steps`` stochastic leapfrog steps (:func:`leapfrog_step`) of size ``step_size``.
 
     ``grad`` is a :class:`StochasticGradient` or a function ``grad(key, theta)`` (then drawn
-    anew at every half-kick); step ``i`` draws from ``fold_in(key, i)``. ``mean`` is the
-    evaluation at ``theta`` (used only by a deterministic gradient, so a trajectory of exact
-    gradients costs ``num_steps`` evaluations). Returns ``(theta, momentum, mean)`` with ``mean``
-    the evaluation at the final ``theta``.
+    anew at every half-kick); step ``i`` draws from ``fold_in(key, i)``. ``evaluation`` is the
+    gradient evaluation at ``theta`` (used only by a deterministic gradient, so a trajectory of
+    exact gradients costs ``num_steps`` evaluations), or None. Returns ``(theta, momentum,
+    evaluation)`` with ``evaluation`` the one at the final ``theta``.
     """
     grad = as_stochastic_gradient(grad)
-    mean = jnp.zeros_like(theta) if mean is None else mean
+    if evaluation is None:
+        evaluation = grad.evaluate(key, theta) if grad.deterministic else jnp.zeros_like(theta)
 
     def step(i, carry):
         return leapfrog_step(grad, jax.random.fold_in(key, i), *carry, step_size)
 
-    return jax.lax.fori_loop(0, num_steps, step, (theta, momentum, mean))
+    return jax.lax.fori_loop(0, num_steps, step, (theta, momentum, evaluation))
 
 
 def resolve_weights(weights) -> np.ndarray:
@@ -367,7 +369,7 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
     def client_gradient(client_data, w_c, shift) -> StochasticGradient:
         """The stochastic gradient of f^(c) (plus the de-biasing shift, if any)."""
 
-        def mean(key, theta):
+        def evaluate(key, theta):
             g = oracle(key, theta, client_data) / w_c - jax.grad(model.log_prior)(theta)
             return g if shift is None else g + shift
 
@@ -375,7 +377,7 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
         if gradient_noise > 0:
             def noise(key, theta):
                 return np.float32(gradient_noise) * jax.random.normal(key, theta.shape, theta.dtype)
-        return StochasticGradient(mean, noise, deterministic=batch_size is None)
+        return StochasticGradient(evaluate, noise, deterministic=batch_size is None)
 
     def exact_local_grad(theta, client_data, w_c):
         return gradients.local_gradient(model, theta, client_data) / w_c - jax.grad(model.log_prior)(theta)
@@ -412,7 +414,7 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
         shift = broadcast.correction - client_state.anchor if debiased else None
         grad = client_gradient(client_data, w_c, shift)
         # the evaluation at theta0, reused by the first half-kick if the gradient is exact
-        m0 = grad.mean(key_grad, theta0) if grad.deterministic else jnp.zeros_like(theta0)
+        m0 = grad.evaluate(key_grad, theta0) if grad.deterministic else jnp.zeros_like(theta0)
         if keep_momentum:
             p0 = client_state.momentum
         elif average_momentum:
