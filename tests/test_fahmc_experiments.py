@@ -82,6 +82,11 @@ def test_fa_hmc_config_errors(tmp_path):
         (base.replace("debiased = true", "debiased = 1"), "debiased must be true or false"),
         (base.replace("correlation = 1.0", "correlation = 2.0"), "correlation rho must lie in [0, 1]"),
         (base.replace("dim = 10", "dim = 10\nmin_size = 3"), "unknown key(s) ['min_size']"),
+        (base.replace('clock = "leapfrog"', "#"), "needs clock"),
+        (base.replace('clock = "leapfrog"', 'clock = "round"'), "unknown clock 'round'"),
+        (base.replace('clock = "leapfrog"', 'clock = "leapfrog"\nmomentum_sync = "reset"'),
+         "unknown momentum_sync 'reset'"),
+        (base.replace('name = "fa-hmc"', 'name = "dsgld"'), "'clock'"),
     ]
     for i, (text, fragment) in enumerate(cases):
         path = tmp_path / f"c{i}.toml"

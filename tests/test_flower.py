@@ -47,6 +47,7 @@ name = "fa-hmc"
 step_size = 0.05
 num_leapfrog = 3
 local_steps = 4
+clock = "leapfrog"
 correlation = 0.5
 debiased = true
 compression = { bits = 8 }

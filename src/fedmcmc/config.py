@@ -13,8 +13,11 @@ Example::
     batch_fraction = 0.1              # or batch_size = 10 (per client), omit for full batches
     compression = { bits = 8 }        # or { levels = 16 }, "none"
     participation = { p = 0.5, scaling = "inverse_probability" }
-    # FA-HMC / FA-LD: num_leapfrog = 10, local_steps = 10, correlation = 1.0,
-    #                 gradient_noise = 0.0, debiased = false
+    # FA-HMC / FA-LD: num_leapfrog = 10 (K), local_steps = 100 (T), correlation = 1.0,
+    #                 gradient_noise = 0.0, debiased = false,
+    #                 clock = "leapfrog" (T counts leapfrog steps) or "trajectory" (T counts
+    #                 trajectories of K steps, Algorithm 3); required for fa-hmc,
+    #                 momentum_sync = "local" (default) or "average"
     # DSGLD / CG-DSGLD: local_steps = 200, record_every = 100, shard_probs = "uniform" or "size",
     #                   CG-DSGLD: surrogate = "taylor" | "laplace" | "sgld", surrogate_covariance = "full",
     #                   alpha = 1.0, surrogate_step_size, surrogate_steps, surrogate_burn_in (for "sgld")
@@ -53,7 +56,8 @@ SAMPLERS = {
     "lsd*": "QLSD* without compression",
     "qlsd++": "QLSD with SVRG control variates and memory terms (Alg. 2)",
     "lsd++": "QLSD++ without compression",
-    "fa-hmc": "federated averaging of local SG-HMC (Liang et al. 2024, Alg. 3); debiased = true for Alg. B.2",
+    "fa-hmc": ("federated averaging of local SG-HMC (Liang et al. 2024): clock = \"leapfrog\" (Sec. 5) or "
+               "\"trajectory\" (Alg. 3); debiased = true for Alg. B.2"),
     "fa-ld": "federated averaging Langevin dynamics (Deng et al. 2021): FA-HMC with one leapfrog step",
     "dsgld": "distributed SGLD (Ahn et al. 2014): a chain visits one shard at a time for local_steps steps",
     "cg-dsgld": "DSGLD with conducive gradients from Gaussian shard surrogates (El Mekkaoui et al. 2021); alias 'fsgld'",
@@ -77,7 +81,7 @@ _PROBLEM_KEYS = {
     "heterogeneous-local-posteriors": {"name", "num_clients", "dim"},
     "gaussian-blobs": {"name", "data_seed", "num_shards", "points_per_shard"},
 }
-_FA_KEYS = {"num_leapfrog", "local_steps", "correlation", "gradient_noise", "debiased"}
+_FA_KEYS = {"num_leapfrog", "local_steps", "correlation", "gradient_noise", "debiased", "clock", "momentum_sync"}
 _DSGLD_KEYS = {"local_steps", "record_every", "shard_probs"}
 _CG_KEYS = {"surrogate", "surrogate_covariance", "alpha", "surrogate_step_size", "surrogate_steps", "surrogate_burn_in"}
 _SURROGATES = ("taylor", "laplace", "sgld")
@@ -176,6 +180,11 @@ def validate(cfg: dict) -> None:
             raise ConfigError(f"[sampler] {sampler} needs {', '.join(sorted(needed - fa_keys))}")
         if sampler == "fa-ld" and "num_leapfrog" in fa_keys:
             raise ConfigError("fa-ld takes one leapfrog step by definition; drop num_leapfrog or use fa-hmc")
+        if sampler == "fa-hmc" and "clock" not in fa_keys:
+            raise ConfigError('[sampler] fa-hmc needs clock, what local_steps counts: "leapfrog" (T leapfrog steps '
+                              'per round, as the paper runs it) or "trajectory" (T trajectories of num_leapfrog '
+                              'steps per round, Algorithm 3 as printed, and what local_steps meant before the '
+                              'clock existed)')
     elif fa_keys - {"local_steps"} or (fa_keys and sampler not in ("dsgld", "cg-dsgld")):
         raise ConfigError(f"{sorted(fa_keys)} are FA-HMC settings; {sampler} does not take them")
     if "step_size" not in cfg["sampler"]:

@@ -2,20 +2,31 @@
 
 On isotropic quadratic local potentials ``f^(c)(theta) = (lam_c / 2) ||theta - mu_c||^2`` with
 exact or Gaussian-noised gradients, every operation of FA-HMC is affine in the clients'
-positions, momenta, gradient noises and anchors, with Gaussian innovations, and coordinates
-are independent. The law of the averaged ``theta`` after each round is therefore Gaussian,
-and its mean and variance follow from a linear recursion on one coordinate's state
-``z = [x_1..x_N, p_1..p_N, e_1..e_N, h_1..h_N, s]`` (positions, momenta, current gradient
-noises, anchor gradients, start of round). These are the laws of the *discretised* chains,
-bias included, against which the statistical tests and the dimension study compare.
+positions, momenta and anchors, with Gaussian innovations (momentum draws, and one gradient
+noise per half-kick), and coordinates are independent. The law of the averaged ``theta``
+after each round is therefore Gaussian, and its mean and variance follow from a linear
+recursion on one coordinate's state ``z = [x_1..x_N, p_1..p_N, h_1..h_N, s]`` (positions,
+momenta, anchor gradients, start of round). The momenta are part of the state because on the
+leapfrog clock a trajectory can run across synchronisations. These are the laws of the
+*discretised* chains, bias included, against which the statistical tests and the dimension
+study compare.
+
+On the leapfrog clock with ``K`` not dividing the ``S`` leapfrog steps of a round, where the
+trajectories start inside a round depends on the round number ``k`` through ``k S mod K``:
+the round maps repeat with period ``P = K / gcd(K, S)``, and the chain has one stationary
+law per phase ``r mod P`` of the number ``r`` of rounds done (``P = 1`` when ``K`` divides ``S``,
+and always on the trajectory clock).
 """
 
 from __future__ import annotations
 
+from math import gcd
 from typing import NamedTuple
 
 import numpy as np
 from scipy import linalg
+
+from fedmcmc.samplers.fa_hmc import steps_per_round
 
 
 class AffineGaussian(NamedTuple):
@@ -25,6 +36,10 @@ class AffineGaussian(NamedTuple):
     b: np.ndarray
     Q: np.ndarray
 
+    @classmethod
+    def identity(cls, dim: int) -> "AffineGaussian":
+        return cls(np.eye(dim), np.zeros(dim), np.zeros((dim, dim)))
+
     def then(self, A, b=None, L=None) -> "AffineGaussian":
         """Compose with ``z -> A z + b + L eps`` applied after this map."""
         b = np.zeros(A.shape[0]) if b is None else b
@@ -33,81 +48,84 @@ class AffineGaussian(NamedTuple):
             Q = Q + L @ L.T
         return AffineGaussian(A @ self.A, A @ self.b + b, Q)
 
+    def then_map(self, other: "AffineGaussian") -> "AffineGaussian":
+        """Compose with the map ``other`` applied after this one."""
+        return AffineGaussian(other.A @ self.A, other.A @ self.b + other.b, other.A @ self.Q @ other.A.T + other.Q)
+
 
 class RoundLaw(NamedTuple):
-    """Mean and variance of one coordinate of the averaged ``theta`` after rounds ``0, 1, ...``."""
+    """Mean and variance of one coordinate of the averaged ``theta`` after rounds ``0, 1, ...``
+    (or, for a stationary law, after ``r`` rounds with ``r mod P = 0, 1, ..., P - 1``)."""
 
     mean: np.ndarray
     var: np.ndarray
 
 
 def fa_hmc_round_map(curvatures, centres, weights, step_size: float, num_leapfrog: int, local_steps: int,
-                     correlation: float = 0.0, gradient_noise: float = 0.0,
-                     debiased: bool = False) -> AffineGaussian:
-    """One FA-HMC round (:func:`fedmcmc.samplers.fa_hmc`) as an affine Gaussian map of ``z``.
+                     correlation: float = 0.0, gradient_noise: float = 0.0, debiased: bool = False,
+                     clock: str = "leapfrog", momentum_sync: str = "local", round_index: int = 0) -> AffineGaussian:
+    """Round ``round_index`` of FA-HMC (:func:`fedmcmc.samplers.fa_hmc`) as an affine Gaussian map of ``z``.
 
     Mirrors the sampler operation by operation: the round starts with every client at the
-    averaged ``theta`` (held in ``x`` as ``sum_c w_c x_c``), draws a gradient, runs ``T``
-    iterations of a momentum draw and ``K`` leapfrog steps, and ends with the weighted average;
-    the de-biased variant uses the anchors of the previous round and stores new ones at the
-    round's start.
+    averaged ``theta`` (held in ``x`` as ``sum_c w_c x_c``; with ``momentum_sync="average"``,
+    every momentum at the averaged momentum) and runs the round's ``S`` leapfrog steps
+    ``n = k S + t``, drawing momenta where ``n`` is a multiple of ``K``; a step is a half-kick
+    with its own gradient noise, a drift, and a half-kick with another (Algorithm 1). It ends
+    with the weighted average; the de-biased variant uses the anchors of the previous round and
+    stores new ones at the round's start.
     """
     lam = np.asarray(curvatures, float)
     mu = np.asarray(centres, float)
     w = np.asarray(weights, float)
     n = lam.size
-    x, p, e, h, s = (np.arange(n), n + np.arange(n), 2 * n + np.arange(n), 3 * n + np.arange(n), 4 * n)
-    dim = 4 * n + 1
+    x, p, h, s = np.arange(n), n + np.arange(n), 2 * n + np.arange(n), 3 * n
+    dim = 3 * n + 1
     eye = np.eye(dim)
     eta, sigma, rho = float(step_size), float(gradient_noise), float(correlation)
-    law = AffineGaussian(eye, np.zeros(dim), np.zeros((dim, dim)))
+    K = int(num_leapfrog)
+    steps = steps_per_round(K, int(local_steps), clock)
+    average = np.outer(np.ones(n), w)
 
     # start: every client at theta = sum_c w_c x_c; remember it in s
     A = eye.copy()
     A[x] = 0.0
-    A[np.ix_(x, x)] = np.outer(np.ones(n), w)
+    A[np.ix_(x, x)] = average
     A[s] = 0.0
     A[s, x] = w
-    law = law.then(A)
+    if momentum_sync == "average":
+        A[np.ix_(p, p)] = average
+    law = AffineGaussian.identity(dim).then(A)
 
-    def refresh_noise(law):
-        A = eye.copy()
-        A[e, e] = 0.0
-        L = np.zeros((dim, n))
-        L[e, np.arange(n)] = sigma
-        return law.then(A, L=L)
-
-    def kick(law, scale):
-        # p <- p - scale * (lam (x - mu) + e + [debiased] (sum_j w_j h_j - h))
+    def kick(scale):
+        # p <- p - scale * (lam (x - mu) + [debiased] (sum_j w_j h_j - h) + sigma eps), a fresh eps
         A = eye.copy()
         b = np.zeros(dim)
         A[p, x] -= scale * lam
         b[p] = scale * lam * mu
-        A[p, e] -= scale
         if debiased:
-            A[np.ix_(p, h)] -= scale * np.outer(np.ones(n), w)
+            A[np.ix_(p, h)] -= scale * average
             A[p, h] += scale
-        return law.then(A, b)
+        L = np.zeros((dim, n))
+        L[p, np.arange(n)] = -scale * sigma
+        return A, b, L
 
-    law = refresh_noise(law)
-    for _ in range(local_steps):
-        A = eye.copy()
-        A[p, p] = 0.0
-        L = np.zeros((dim, n + 1))
-        L[p, 0] = np.sqrt(rho)
-        L[p, 1 + np.arange(n)] = np.sqrt(1.0 - rho) / np.sqrt(w)
-        law = law.then(A, L=L)
-        for _ in range(num_leapfrog):
-            law = kick(law, 0.5 * eta)
-            A = eye.copy()
-            A[x, p] += eta
-            law = law.then(A)
-            law = refresh_noise(law)
-            law = kick(law, 0.5 * eta)
+    drift = eye.copy()
+    drift[x, p] += eta
+    leapfrog_step = AffineGaussian.identity(dim).then(*kick(0.5 * eta)).then(drift).then(*kick(0.5 * eta))
+    draw = eye.copy()
+    draw[p, p] = 0.0
+    draw_noise = np.zeros((dim, n + 1))
+    draw_noise[p, 0] = np.sqrt(rho)
+    draw_noise[p, 1 + np.arange(n)] = np.sqrt(1.0 - rho) / np.sqrt(w)
+
+    for t in range(steps):
+        if (int(round_index) * steps + t) % K == 0:
+            law = law.then(draw, L=draw_noise)
+        law = law.then_map(leapfrog_step)
     # average (the next round's start sets every x to it); anchors at the round's start
     A = eye.copy()
     A[x] = 0.0
-    A[np.ix_(x, x)] = np.outer(np.ones(n), w)
+    A[np.ix_(x, x)] = average
     b = np.zeros(dim)
     A[h] = 0.0  # without de-biasing the anchors stay zero
     if debiased:
@@ -116,9 +134,16 @@ def fa_hmc_round_map(curvatures, centres, weights, step_size: float, num_leapfro
     return law.then(A, b)
 
 
+def round_period(num_leapfrog: int, local_steps: int, clock: str = "leapfrog") -> int:
+    """``P = K / gcd(K, S)``: the rounds' maps repeat every ``P`` rounds (``S`` steps per round)."""
+    K = int(num_leapfrog)
+    return K // gcd(K, steps_per_round(K, int(local_steps), clock))
+
+
 def fa_hmc_law(curvatures, centres, weights, step_size: float, num_leapfrog: int, local_steps: int,
                correlation: float = 0.0, gradient_noise: float = 0.0, debiased: bool = False,
-               theta0: float = 0.0, rounds: int | None = None) -> RoundLaw:
+               theta0: float = 0.0, rounds: int | None = None, clock: str = "leapfrog",
+               momentum_sync: str = "local") -> RoundLaw:
     """Law of one coordinate of FA-HMC's averaged ``theta`` on quadratic local potentials.
 
     Parameters
@@ -130,29 +155,42 @@ def fa_hmc_law(curvatures, centres, weights, step_size: float, num_leapfrog: int
     theta0
         The deterministic start.
     rounds
-        Return the law after rounds ``0..rounds``; if None, the stationary law (arrays of one entry).
+        Return the law after rounds ``0..rounds``; if None, the stationary law: arrays of
+        ``P`` entries (:func:`round_period`), entry ``i`` the law after ``r`` rounds with
+        ``r = i (mod P)`` (one entry when ``K`` divides the steps per round).
 
     Other parameters as :func:`fedmcmc.samplers.fa_hmc`.
     """
-    M = fa_hmc_round_map(curvatures, centres, weights, step_size, num_leapfrog, local_steps, correlation,
-                         gradient_noise, debiased)
+    period = round_period(num_leapfrog, local_steps, clock)
+    maps = [fa_hmc_round_map(curvatures, centres, weights, step_size, num_leapfrog, local_steps, correlation,
+                             gradient_noise, debiased, clock, momentum_sync, i) for i in range(period)]
     w = np.asarray(weights, float)
     n = w.size
-    read = np.zeros(M.A.shape[0])
+    size = maps[0].A.shape[0]
+    read = np.zeros(size)
     read[:n] = w
     if rounds is None:
-        radius = np.max(np.abs(linalg.eigvals(M.A)))
+        cycle = AffineGaussian.identity(size)
+        for M in maps:
+            cycle = cycle.then_map(M)
+        radius = np.max(np.abs(linalg.eigvals(cycle.A)))
         if radius >= 1:
             raise ValueError(f"the chain has no stationary law (spectral radius {radius:.4g} >= 1): "
                              "lower the step size")
-        C = linalg.solve_discrete_lyapunov(M.A, M.Q)
-        m = np.linalg.solve(np.eye(M.A.shape[0]) - M.A, M.b)
-        return RoundLaw(np.array([read @ m]), np.array([read @ C @ read]))
-    m = np.zeros(M.A.shape[0])
+        C = linalg.solve_discrete_lyapunov(cycle.A, cycle.Q)
+        m = np.linalg.solve(np.eye(size) - cycle.A, cycle.b)
+        means, variances = [], []
+        for M in maps:
+            means.append(read @ m)
+            variances.append(read @ C @ read)
+            m, C = M.A @ m + M.b, M.A @ C @ M.A.T + M.Q
+        return RoundLaw(np.asarray(means), np.asarray(variances))
+    m = np.zeros(size)
     m[:n] = theta0
-    C = np.zeros_like(M.A)
+    C = np.zeros((size, size))
     means, variances = [read @ m], [read @ C @ read]
-    for _ in range(rounds):
+    for r in range(rounds):
+        M = maps[r % period]
         m = M.A @ m + M.b
         C = M.A @ C @ M.A.T + M.Q
         means.append(read @ m)

@@ -65,12 +65,15 @@ def qlsd_star_rate(chains: int, iters: int, workers: int | None = None) -> float
 
 
 def fa_hmc_rates(chains: int, rounds: int, num_leapfrog: int = 10, local_steps: int = 10) -> dict:
-    """Per-datum gradient evaluations per second, federated FA-HMC and centralised uHMC."""
+    """Per-datum gradient evaluations per second, federated FA-HMC and centralised uHMC (exact
+    gradients; ``local_steps`` trajectories of ``num_leapfrog`` steps per round)."""
     data, _ = logistic_regression_data(seed=0, dim=10, num_points=1000, num_clients=20)
     model = logistic_regression(10)
     work = (local_steps * num_leapfrog + 1) * data.total  # per-datum gradients per round and chain
-    fed = _rate(fa_hmc(model, data.weights, 0.05, num_leapfrog, local_steps), data, chains, rounds, d=10)
-    central = _rate(fa_hmc(model, [1.0], 0.05, num_leapfrog, local_steps), data.pooled(), chains, rounds, d=10)
+    fed = _rate(fa_hmc(model, data.weights, 0.05, num_leapfrog, local_steps, clock="trajectory"), data, chains, rounds,
+                d=10)
+    central = _rate(fa_hmc(model, [1.0], 0.05, num_leapfrog, local_steps, clock="trajectory"), data.pooled(), chains,
+                    rounds, d=10)
     return {"fa_hmc_gradients_per_second": fed * work, "centralised_uhmc_gradients_per_second": central * work,
             "settings": {"clients": data.num_clients, "points": data.total, "dim": model.dim, "chains": chains,
                          "rounds": rounds, "num_leapfrog": num_leapfrog, "local_steps": local_steps}}

@@ -30,6 +30,8 @@ from fedmcmc.models import gaussian_factors, gaussian_factors_posterior
 from fedmcmc.samplers import fa_hmc
 from fedmcmc.simulator import simulate
 
+#: The clock of the published results (docs/reproductions.md, "FA-HMC schedules"): T counts trajectories.
+CLOCK = "trajectory"
 NAME = "fahmc-dimension"
 SUMMARY = "FA-HMC: rounds to reach W2^2 < 0.1 against dimension, heterogeneous Gaussian (FA-HMC Fig. 2)"
 
@@ -53,7 +55,7 @@ def step_size_for(cfg: dict, d: int) -> float:
 
 def exact_w2_squared(cfg: dict, d: int, rounds: int) -> np.ndarray:
     law = fa_hmc_law(LAM, MU, WEIGHTS, step_size_for(cfg, d), cfg["num_leapfrog"], cfg["local_steps"],
-                     cfg["correlation"], rounds=rounds)
+                     cfg["correlation"], rounds=rounds, clock=CLOCK)
     return d * ((law.mean[1:] - 16.2) ** 2 + (np.sqrt(law.var[1:]) - np.sqrt(1.6)) ** 2)
 
 
@@ -84,7 +86,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         rounds = int(min(cfg["max_rounds"], max(cfg["min_rounds"], math.ceil(1.5 * min(exact_rounds, cfg["max_rounds"])))))
         eta = step_size_for(cfg, d)
         sampler = fa_hmc(gaussian_factors(d), data.weights, eta, cfg["num_leapfrog"], cfg["local_steps"],
-                         correlation=cfg["correlation"], name=f"d={d}")
+                         correlation=cfg["correlation"], name=f"d={d}", clock=CLOCK)
         res = simulate(cfg["seed"], sampler, data, np.zeros(d), rounds, num_chains=cfg["num_chains"], thinning=rounds,
                        statistic=coordinate_moments, progress=progress, description=f"d={d}", resume=resume,
                        out_dir=out / "runs" / f"d{d}")

@@ -26,6 +26,8 @@ from fedmcmc.models import logistic_regression
 from fedmcmc.samplers import fa_hmc
 from fedmcmc.simulator import DivergenceError, simulate
 
+#: The clock of the published results (docs/reproductions.md, "FA-HMC schedules"): T counts trajectories.
+CLOCK = "trajectory"
 NAME = "fahmc-vs-fald"
 SUMMARY = "FA-HMC vs FA-LD: marginal error against step size, exact and noisy gradients (FA-HMC Fig. 1 a, b, d)"
 
@@ -94,7 +96,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
                 central = method == "Centralised uHMC"
                 sampler = fa_hmc(model, [1.0] if central else data.weights, eta, k, cfg["local_steps"],
                                  correlation=cfg["correlation"], gradient_noise=noise,
-                                 debiased=(method == "De-biased FA-HMC"), name=method)
+                                 debiased=(method == "De-biased FA-HMC"), name=method, clock=CLOCK)
                 label = f"{setting}-{method}-eta{eta:g}-K{k}".replace(" ", "_")
                 record = dict(setting=setting, method=method, step_size=eta, num_leapfrog=k,
                               gradient_evaluations_per_round=cfg["local_steps"] * k + 1)
