@@ -2,12 +2,9 @@
 the chains run (this process or worker processes)."""
 
 import os
-import queue
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -15,43 +12,7 @@ import pytest
 
 import fedmcmc
 from catalog import breast_cancer, samplers
-from fedmcmc import gradients, simulator, workers
-
-HERE = Path(__file__).parent
-STEP_TIMEOUT = 120  # seconds without progress that count as a hang (a step compiles in about 3 s)
-
-
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    return env
-
-
-def test_nothing_hangs_in_one_long_lived_process():
-    """find_mode, NUTS, then every sampler and surrogate kind with 1-4 chains, in ONE process
-    watched from outside: a step without progress for STEP_TIMEOUT seconds fails, naming it."""
-    proc = subprocess.Popen([sys.executable, str(HERE / "long_lived.py")], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],
-                     daemon=True).start()
-    current, log = "start-up", []
-    try:
-        while True:
-            try:
-                line = lines.get(timeout=STEP_TIMEOUT)
-            except queue.Empty:
-                pytest.fail(f"{current}: no progress in {STEP_TIMEOUT} s, the run hangs\n" + "".join(log[-20:]))
-            if line is None:
-                break
-            log.append(line)
-            if line.startswith("START "):
-                current = line[6:].strip()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-        proc.wait()
-    assert proc.returncode == 0 and log[-1].strip() == "ALL DONE", "".join(log[-30:])
+from fedmcmc import simulator, workers
 
 
 def test_import_changes_nothing_in_jax():
@@ -80,8 +41,7 @@ def problem():
     return data, model, samplers(data, model)
 
 
-@pytest.mark.parametrize("name", ["qlsd*", "qlsd++", "fa-hmc", "dsgld", "cg-dsgld-laplace-full",
-                                  "cg-dsgld-sgld_moments-diag"])
+@pytest.mark.parametrize("name", ["qlsd++", "fa-hmc", "cg-dsgld-laplace-full"])
 def test_worker_processes_give_the_samples_of_one_process(problem, name):
     data, model, catalog = problem
     sampler, d = catalog[name]
