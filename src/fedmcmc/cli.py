@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _workers_option(parser) -> None:
     parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="worker processes to spread chains over (default: one per core; 1: this process only)")
+                        help="worker processes to spread chains over (default: one per core, but 1 for reproduce --quick; "
+                             "1: this process only)")
 
 
 def _list() -> None:
@@ -75,10 +76,11 @@ def _main(args) -> int:
     if args.command == "list":
         _list()
         return 0
-    if getattr(args, "workers", None) is not None or args.command in ("reproduce", "run", "bench"):
+    if args.command in ("reproduce", "run", "bench"):
         import fedmcmc
 
-        fedmcmc.tune_cpu(args.workers)
+        quick = args.command == "reproduce" and args.quick  # many short runs: compiling once pays more
+        fedmcmc.tune_cpu(1 if args.workers is None and quick else args.workers)
     if args.command == "reproduce":
         from fedmcmc import experiments
 
