@@ -131,6 +131,10 @@ class Participation(NamedTuple):
         An upper bound on the number of active clients in any round, or None. When it is
         set, the simulator runs ``client_step`` for at most that many clients instead of all
         of them (same keys, same results).
+    probs
+        ``p_i``, the probability that client ``i`` is active in a round: a float, or a tuple
+        with one entry per client (hashable, like the rest of a sampler); None if the scheme
+        has none. QLSD++'s memory update of eq. S45 divides by it.
     """
 
     sample: Callable[[Array, int], Array]
@@ -139,6 +143,7 @@ class Participation(NamedTuple):
     name: str = "participation"
     num_clients: int | None = None
     max_active: int | None = None
+    probs: Any = None
 
 
 class Setup(NamedTuple):

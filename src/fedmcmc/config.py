@@ -88,7 +88,7 @@ _SURROGATES = ("taylor", "laplace", "sgld")
 _SECTIONS = {
     "problem": set().union(*_PROBLEM_KEYS.values()),
     "sampler": {"name", "step_size", "batch_size", "batch_fraction", "compression", "participation",
-                "refresh_every", "memory", "memory_rate"} | _FA_KEYS | _DSGLD_KEYS | _CG_KEYS
+                "refresh_every", "memory", "memory_rate", "memory_update"} | _FA_KEYS | _DSGLD_KEYS | _CG_KEYS
                | {"beta", "lam", "rho", "num_local_steps", "prior_step_size"},
     "run": {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"},
 }
@@ -157,7 +157,7 @@ def validate(cfg: dict) -> None:
         if "local_steps" not in ds_keys:
             raise ConfigError(f"[sampler] {sampler} needs local_steps, the local steps per visit to a shard")
         extra = (fa_keys - {"local_steps"}) | (set(cfg["sampler"]) & {"compression", "participation", "refresh_every",
-                                                                      "memory", "memory_rate"})
+                                                                      "memory", "memory_rate", "memory_update"})
         if sampler == "dsgld":
             extra |= ds_keys & _CG_KEYS
         if extra:
@@ -240,6 +240,7 @@ def build(cfg: dict, compressor_hook=None) -> dict[str, Any]:
     refresh = s.pop("refresh_every", 100)
     memory = s.pop("memory", True)
     memory_rate = s.pop("memory_rate", None)
+    memory_update = s.pop("memory_update", "algorithm")
     extra = {key: s.pop(key) for key in {"beta", "lam", "rho", "num_local_steps", "prior_step_size"} & set(s)}
     if name == "fedavg":
         extra["local_steps"] = s.pop("local_steps", 1)
@@ -282,9 +283,9 @@ def build(cfg: dict, compressor_hook=None) -> dict[str, Any]:
     elif name == "fedavg":
         sampler = fedavg(model, data.weights, step, extra["local_steps"], batch, compressor, part)
     elif name == "qlsd++":
-        sampler = qlsd_pp(model, step, batch, compressor, part, refresh, memory, memory_rate)
+        sampler = qlsd_pp(model, step, batch, compressor, part, refresh, memory, memory_rate, memory_update)
     else:
-        sampler = lsd_pp(model, step, batch, part, refresh)
+        sampler = lsd_pp(model, step, batch, part, refresh, memory_rate, memory_update)
     return {"data": data, "model": model, "exact": exact, "sampler": sampler, "mode": mode}
 
 

@@ -38,7 +38,7 @@ def full() -> Participation:
     def weights(mask):
         return mask.astype(jnp.float32)
 
-    return Participation(sample, weights, pause_when_empty=False, name="full")
+    return Participation(sample, weights, pause_when_empty=False, name="full", probs=1.0)
 
 
 def bernoulli(probs: float | Sequence[float], scaling: str = "active") -> Participation:
@@ -76,7 +76,8 @@ def bernoulli(probs: float | Sequence[float], scaling: str = "active") -> Partic
 
     label = f"bernoulli(p={p.tolist() if p.size > 1 else float(p[0])}, {scaling})"
     return Participation(sample, weights, pause_when_empty=(scaling == "active"), name=label,
-                         num_clients=p.size if p.size > 1 else None)
+                         num_clients=p.size if p.size > 1 else None,
+                         probs=tuple(p.tolist()) if p.size > 1 else float(p[0]))
 
 
 def categorical(probs: Sequence[float]) -> Participation:
@@ -98,7 +99,7 @@ def categorical(probs: Sequence[float]) -> Participation:
         return mask.astype(jnp.float32)
 
     return Participation(sample, weights, pause_when_empty=False, name=f"categorical(f={f.tolist()})",
-                         num_clients=f.size, max_active=1)
+                         num_clients=f.size, max_active=1, probs=tuple(f.tolist()))
 
 
 def resolve_participation(spec) -> Participation:
