@@ -29,8 +29,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	-@$(MAKE) --no-print-directory fashion-mnist  # tests that need it say so and skip if this fails
-	# two workers (one per core); a test file stays on one worker, so its shared fixtures run once
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
+	# three workers on two cores: the Flower deployment test mostly waits on Flower's polling, and a
+	# third worker keeps both cores busy meanwhile; a test file stays on one worker (shared fixtures once)
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=25
 
 bench: $(STAMP)
 	$(BIN)/fedmcmc bench --out results/bench

@@ -37,7 +37,7 @@ from fedmcmc import config as config_lib
 from fedmcmc import cpu
 from fedmcmc.cpu import materialize
 from fedmcmc.flower.wire import MalformedUpload, Tape, decode_upload, encode_upload, pack, unpack
-from fedmcmc.simulator import DivergenceError, _assemble, _fingerprint, _save_npz, _select
+from fedmcmc.simulator import DivergenceError, _assemble, _fingerprint, _save_npz, _select, chain_keys
 
 log = logging.getLogger("fedmcmc.flower")
 
@@ -54,10 +54,6 @@ def build_problem(cfg_text: str, compressor_hook=None) -> tuple[dict, dict]:
     cfg = tomllib.loads(cfg_text)
     config_lib.validate(cfg)
     return cfg, config_lib.build(cfg, compressor_hook=compressor_hook)
-
-
-def _chain_keys(seed: int, num_chains: int):
-    return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_chains, dtype=jnp.uint32))
 
 
 # --------------------------------------------------------------------------------------
@@ -132,7 +128,7 @@ class ClientRuntime:
                              "--node-config 'partition-id=i' for i in 0..num_clients-1")
         self.index = int(index)
         r = self.cfg["run"]
-        self.chain_keys = _chain_keys(r.get("seed", 0), r["num_chains"])
+        self.chain_keys = chain_keys(r.get("seed", 0), np.arange(r["num_chains"]))
         # The client's own data (never sent anywhere), as a vmap batch of ``width`` copies: XLA
         # compiles a batch of one differently from the simulator's batch of b clients (the
         # last bit of a reduction can differ), a batch of b identical copies exactly alike.
@@ -282,7 +278,7 @@ class ServerRuntime:
         self.out_dir, self.resume = Path(out_dir), resume
         self.state_dir = str(state_dir if state_dir is not None else self.out_dir / "nodes")
         self.stats = {"rejected_uploads": 0, "missing_replies": 0, "wire_bits_mismatch": 0, "round_seconds": []}
-        self.chain_keys = _chain_keys(self.seed, self.C)
+        self.chain_keys = chain_keys(self.seed, np.arange(self.C))
         self._compile(data)
 
     def _compile(self, data):
