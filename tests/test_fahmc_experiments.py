@@ -46,16 +46,6 @@ def test_fahmc_local_steps(tmp_path):
     assert (tmp_path / "fahmc-local-steps" / "rounds_vs_local_steps.png").exists()
 
 
-def test_fahmc_dimension_sampled_rounds_follow_the_exact_law(tmp_path):
-    r = reproduce(tmp_path, "fahmc-dimension", "dims=1,4", "num_chains=400", "max_rounds=3000")
-    for d in ("1", "4"):
-        v = r["dims"][d]
-        assert np.isfinite(v["rounds"]) and np.isfinite(v["exact_rounds"])
-        assert abs(v["rounds"] - v["exact_rounds"]) <= 0.2 * v["exact_rounds"], v
-    assert r["fit"]["exact"]["slope"] > 0
-    assert (tmp_path / "fahmc-dimension" / "runs" / "d4" / "posterior.nc").exists()
-
-
 def test_list_settings_are_checked():
     assert_one_line_error(fedmcmc("reproduce", "fahmc-vs-fald", "--set", "step_sizes=0.1,x"), "step_sizes",
                           "separated by commas")
