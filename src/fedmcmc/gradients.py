@@ -5,9 +5,12 @@ client ``i`` on its own data. The prior is never part of a client's potential: t
 server adds its gradient once.
 
 Minibatches are drawn without replacement, ``n_i = min(batch_size_i, N_i)`` of the client's
-``N_i`` points, by Floyd's algorithm: ``n_i`` uniforms rather than ``N_i`` sort keys, with
-fixed shapes so that clients and chains vectorise (profiled on CPU: several times cheaper
-than ``lax.top_k`` over ``N_i`` keys for the toy problem).
+``N_i`` points, with fixed shapes so that clients and chains vectorise. Up to
+``FLOYD_MAX_BATCH`` = 24 points, by Floyd's algorithm: ``n_i`` uniforms rather than ``N_i`` sort
+keys (profiled on CPU: several times cheaper than ``lax.top_k`` over ``N_i`` keys for the toy
+problem). Larger batches take the ``n_i`` largest of ``N_i`` uniform keys (``lax.top_k``):
+Floyd's collision check is ``O(k^2)``, and for 1,000 of 6,000 points (FA-HMC on Fashion-MNIST)
+top-k was 7 times cheaper (profiled on CPU, 50 draws at once).
 """
 
 from __future__ import annotations
@@ -106,6 +109,22 @@ def subset_indices(key, count, n, k: int):
     return materialize(jnp.where(t < n, jnp.where(collided, j, r), 0))
 
 
+FLOYD_MAX_BATCH = 24
+
+
+def top_k_indices(key, count, n, k: int, n_max: int):
+    """A uniformly random ``n``-subset of ``{0, ..., count - 1}`` (``count <= n_max``): the rows
+    of the ``k`` largest of ``n_max`` uniform keys, padding rows keyed below every real one.
+
+    Returns ``k >= n`` indices whose first ``n`` are the subset (the ``n`` largest keys among
+    the real rows, a uniform ``n``-subset by exchangeability) and whose rest are 0.
+    """
+    u = jax.random.uniform(key, (n_max,))
+    keys = jnp.where(jnp.arange(n_max) < count, u, -1.0)
+    idx = jax.lax.top_k(keys, k)[1].astype(jnp.int32)
+    return jnp.where(jnp.arange(k) < n, idx, 0)
+
+
 def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray):
     """Draw client ``i``'s minibatch of ``n_i = min(batch_size_i, N_i)`` points without replacement.
 
@@ -118,7 +137,7 @@ def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray):
     k = int(min(int(batch_sizes.max()), n_max))
     size = jnp.asarray(batch_sizes)[client_data.index] if batch_sizes.size > 1 else jnp.asarray(batch_sizes[0])
     n = jnp.minimum(size, count)
-    idx = subset_indices(key, count, n, k)
+    idx = subset_indices(key, count, n, k) if k <= FLOYD_MAX_BATCH else top_k_indices(key, count, n, k, n_max)
     w = jnp.where(jnp.arange(k) < n, count.astype(jnp.float32) / n.astype(jnp.float32), 0.0)
     xb = jax.tree_util.tree_map(lambda a: a[idx], x)
     return xb, w
