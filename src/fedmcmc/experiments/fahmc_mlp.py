@@ -19,8 +19,8 @@ hidden units next to the input and next to the output (784-512-512-10 for two hi
 670,000 (or 407,000); at two minibatch gradients per leapfrog step and up to 100 leapfrog
 steps per round this does not fit our budget. The full setting is a 50-32-16-10 ReLU network
 (d = 2,330) on the top 50 principal axes of the pixels, prior N(0, I), started at a He/Glorot
-draw (:meth:`fedmcmc.models.layout.ParamLayout.init`, seed ``seed``), ``rounds`` = 30 rounds
-and a two-value eta grid tuned on six-round pilots. ``--set hidden=512,512 --set
+draw (:meth:`fedmcmc.models.layout.ParamLayout.init`, seed ``seed``), ``rounds`` = 25 rounds
+and a two-value eta grid tuned on five-round pilots. ``--set hidden=512,512 --set
 pca_components=0`` is the paper's size. ``--quick`` uses 10,000 training and 2,000 test
 images on 20 principal axes, a 20-16-8-10 network, minibatches of 100 and eight rounds.
 """
@@ -41,8 +41,8 @@ SUMMARY = ("FA-HMC vs FA-LD, two-hidden-layer ReLU MLP on Fashion-MNIST: accurac
            "against rounds for K and T, leapfrog clock (FA-HMC Sec. 5.4, Fig. 5)")
 
 FULL = dict(fahmc_logistic.FULL, hidden=[32, 16], activation="relu", leapfrog_sweep=[1, 10, 50, 100],
-            sweep_local_steps=50, local_steps_sweep=[1, 10, 50], sweep_leapfrog=10, rounds=30, num_runs=1,
-            step_sizes=[6e-4, 1.2e-3], pilot_rounds=6, pca_components=50)
+            sweep_local_steps=50, local_steps_sweep=[1, 10, 50], sweep_leapfrog=10, rounds=25, num_runs=1,
+            step_sizes=[6e-4, 1.2e-3], pilot_rounds=5, pca_components=50)
 QUICK = dict(FULL, train_subset=10000, test_subset=2000, pca_components=20, batch_size=100, hidden=[16, 8],
              step_sizes=[2e-3, 4e-3], rounds=8, pilot_rounds=3, accuracy_targets=[0.7, 0.75])
 
