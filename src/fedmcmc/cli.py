@@ -122,7 +122,7 @@ def _main(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     args = _parser().parse_args(argv)
-    from fedmcmc.simulator import DivergenceError
+    from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.workers import WorkerError
 
     try:
