@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedmcmc import gradients, participation as participation_lib
+from fedmcmc import checks, gradients, participation as participation_lib
 from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo, check_step_size,
+from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo,
                                      float_bits, langevin_update, server_step_size)
 
 
@@ -63,7 +63,7 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
     num_clients
         The number of clients that per-client settings inside ``oracle`` are for, if any.
     """
-    step_size = check_step_size(step_size)
+    step_size = checks.step_size(step_size)
     compressor = identity() if compressor is None else compressor
     participation = participation_lib.full() if participation is None else participation
 

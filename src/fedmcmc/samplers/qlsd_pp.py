@@ -67,10 +67,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc import gradients, participation as participation_lib
+from fedmcmc import checks, gradients, participation as participation_lib
 from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.common import (ClientInfo, ServerInfo, check_step_size, float_bits, langevin_update,
+from fedmcmc.samplers.common import (ClientInfo, ServerInfo, float_bits, langevin_update,
                                      server_step_size)
 
 MEMORY_UPDATES = ("algorithm", "inverse_probability")
@@ -153,14 +153,11 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
     FederatedSampler
         Broadcasts are :class:`QLSDPPBroadcast`; the server state is :class:`QLSDPPState`.
     """
-    step_size = check_step_size(step_size)
+    step_size = checks.step_size(step_size)
     compressor = identity() if compressor is None else compressor
     participation = participation_lib.full() if participation is None else participation
-    if int(refresh_every) != refresh_every or refresh_every < 1:
-        raise ValueError(f"refresh_every (l) must be a positive integer (got {refresh_every!r})")
-    refresh_every = int(refresh_every)
-    if memory_update not in MEMORY_UPDATES:
-        raise ValueError(f"unknown memory_update {memory_update!r}; choose one of {MEMORY_UPDATES}")
+    refresh_every = checks.positive_int("refresh_every (l)", refresh_every)
+    checks.choice("memory_update", memory_update, MEMORY_UPDATES)
     sizes = gradients.resolve_batch_sizes(batch_size)
     if memory:
         alpha = (1.0 / (np.asarray(compressor.omega(model.dim), np.float64) + 1.0)
