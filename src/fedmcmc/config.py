@@ -186,12 +186,8 @@ def validate(cfg: dict) -> None:
             raise ConfigError(f"[run] needs {key}")
 
 
-def build(cfg: dict, compressor_hook=None) -> dict[str, Any]:
-    """Turn a validated config into data, model, sampler and run settings.
-
-    ``compressor_hook(compressor) -> compressor``, if given, wraps the configured compressor
-    (the Flower runtime uses it to see the compressor's encoded message, see
-    :mod:`fedmcmc.flower.wire`)."""
+def build(cfg: dict) -> dict[str, Any]:
+    """Turn a validated config into data, model, sampler and run settings."""
     p = dict(cfg["problem"])
     problem = p.pop("name")
     for key, value in p.items():
@@ -210,8 +206,6 @@ def build(cfg: dict, compressor_hook=None) -> dict[str, Any]:
     if fraction is not None:
         batch = np.maximum((np.asarray(data.counts) * fraction).astype(int), 1)
     compressor = resolve_compressor(s.pop("compression", None))
-    if compressor_hook is not None:
-        compressor = compressor_hook(compressor)
     part = resolve_participation(s.pop("participation", None))
     refresh = s.pop("refresh_every", 100)
     memory = s.pop("memory", True)

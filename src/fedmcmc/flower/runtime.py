@@ -34,7 +34,7 @@ import numpy as np
 
 from fedmcmc import config as config_lib
 from fedmcmc import cpu
-from fedmcmc.flower.wire import MalformedUpload, Tape, decode_upload, encode_upload, pack, unpack
+from fedmcmc.flower.wire import MalformedUpload, decode_upload, encode_upload, items, pack, unpack
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime.records import assemble, check_finite, fingerprint, save_npz
 from fedmcmc.runtime.round import chain_keys
@@ -49,11 +49,11 @@ def config_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def build_problem(cfg_text: str, compressor_hook=None) -> tuple[dict, dict]:
+def build_problem(cfg_text: str) -> tuple[dict, dict]:
     """Parse and build a run config (TOML text): ``(cfg, built)`` as in :mod:`fedmcmc.config`."""
     cfg = tomllib.loads(cfg_text)
     config_lib.validate(cfg)
-    return cfg, config_lib.build(cfg, compressor_hook=compressor_hook)
+    return cfg, config_lib.build(cfg)
 
 
 # --------------------------------------------------------------------------------------
@@ -70,21 +70,15 @@ def _shared_client(cfg_text: str) -> dict:
     key = config_hash(cfg_text)
     if key in _SHARED:
         return _SHARED[key]
-    tape = Tape()
-    cfg, built = build_problem(cfg_text, compressor_hook=tape.wrap)
+    cfg, built = build_problem(cfg_text)
     s, b = built["sampler"], built["data"].num_clients
 
     def init(ck, bc, data, ids):
         return rnd.client_init(s, ck, bc, data, ids)
 
-    def taped_step(key, cs, bc, d, k):
-        tape.entries = []
-        out = s.client_step(key, cs, bc, d, k)
-        return out + (tape.take(),)
-
     def step(ck, cs, bc, m, k, data, ids):
-        new_cs, up, info, taped = rnd.client_round(s, ck, k, cs, bc, data, ids, m, client_step=taped_step)
-        return new_cs, up, info.bits, taped
+        new_cs, up, info = rnd.client_round(s, ck, k, cs, bc, data, ids, m)
+        return new_cs, up, info.bits
 
     functions = {
         "first": cpu.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1])),
@@ -98,7 +92,7 @@ def _shared_client(cfg_text: str) -> dict:
 
         functions["setup"] = cpu.jit(jax.vmap(setup, (0, 0, 0, None, None)))
         functions["receive"] = cpu.jit(jax.vmap(partial(rnd.setup_receive, s)))
-    _SHARED[key] = {"cfg": cfg, "sampler": s, "tape": tape, "data": built["data"], "dim": built["model"].dim,
+    _SHARED[key] = {"cfg": cfg, "sampler": s, "data": built["data"], "dim": built["model"].dim,
                     "functions": functions}
     if len(_SHARED) > 8:
         _SHARED.pop(next(iter(_SHARED)))
@@ -114,7 +108,7 @@ class ClientRuntime:
 
     def __init__(self, cfg_text: str, index: int, data_fn: Callable | None = None):
         shared = _shared_client(cfg_text)
-        self.cfg, self.sampler, self.tape = shared["cfg"], shared["sampler"], shared["tape"]
+        self.cfg, self.sampler = shared["cfg"], shared["sampler"]
         data = shared["data"]
         self.b = data.num_clients
         if not 0 <= index < self.b:
@@ -201,17 +195,16 @@ class ClientRuntime:
             pending = unpack(store["pending"], self.cs_like)
             cs = self.accept(jnp.asarray(accepted), pending, committed)
             bc = unpack(msg["broadcast"], self.bc_like)
-            new_cs, up, bits, taped = self.step(self.chain_keys, cs, bc, jnp.asarray(mask)[:, None], jnp.int32(k))
+            new_cs, up, bits = self.step(self.chain_keys, cs, bc, jnp.asarray(mask)[:, None], jnp.int32(k))
             store.update(committed=pack(cs), pending=pack(new_cs), k=k)
             if state_dir is not None:
                 self._save(state_dir, k, store, int(msg.get("keep", 3)))
             chains = [int(c) for c in np.flatnonzero(mask)]
             reply: dict[str, Any] = {"chains": chains, "bits": [], "wire_bits": []}
-            leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(up)]
-            taped = [tuple(np.asarray(x) for x in t) for t in taped]
+            parts = items(jax.tree_util.tree_map(np.asarray, up))
             bits = np.asarray(bits)
             for c in chains:
-                enc = encode_upload([x[c, 0] for x in leaves], [tuple(x[c, 0] for x in t) for t in taped])
+                enc = encode_upload([jax.tree_util.tree_map(lambda a: a[c, 0], part) for part in parts])
                 reply[f"codecs/{c}"] = enc.codecs
                 for j, blob in enumerate(enc.blobs):
                     reply[f"blob/{c}/{j}"] = blob
@@ -291,6 +284,7 @@ class ServerRuntime:
         cs = jax.eval_shape(s.client_init, key, bc, client0)
         up = jax.eval_shape(s.client_step, key, cs, bc, client0, jnp.int32(0))[1]
         self.up_leaves, self.up_treedef = jax.tree_util.tree_flatten(up)
+        self.up_parts = items(up)
         self.ss_like, self.bc_like = jax.eval_shape(self.init, jax.ShapeDtypeStruct((self.C, 2), jnp.uint32),
                                                     self.theta0)
         if s.setup is not None:
@@ -419,8 +413,8 @@ class ServerRuntime:
                     raise MalformedUpload(f"reply for chains {chains}, expected {np.flatnonzero(mask[:, i]).tolist()}")
                 decoded = []
                 for n, c in enumerate(chains):
-                    blobs = [reply[f"blob/{c}/{j}"] for j in range(len(self.up_leaves))]
-                    values, wire = decode_upload(list(reply[f"codecs/{c}"]), blobs, self.up_leaves,
+                    blobs = [reply[f"blob/{c}/{j}"] for j in range(len(self.up_parts))]
+                    values, wire = decode_upload(list(reply[f"codecs/{c}"]), blobs, self.up_parts,
                                                  float(self.flower["max_upload_norm"]))
                     if wire != int(reply["bits"][n]):
                         self.stats["wire_bits_mismatch"] += 1

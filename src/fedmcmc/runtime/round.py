@@ -17,7 +17,7 @@ messages.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -92,14 +92,12 @@ def client_keys(chain_key, k, ids) -> jax.Array:
     return materialize(each(round_key(chain_key, k), ids))
 
 
-def client_round(sampler: FederatedSampler, chain_key, k, states, broadcast, clients, ids, mask,
-                 client_step: Callable | None = None) -> tuple[Any, Any, Any]:
+def client_round(sampler: FederatedSampler, chain_key, k, states, broadcast, clients, ids, mask) -> tuple[Any, Any, Any]:
     """Clients ``ids`` in round ``k``: ``(states, uploads, infos)``; inactive ones (``mask``
-    false) keep their state. ``client_step`` replaces ``sampler.client_step`` (same signature,
-    possibly more outputs, which are passed through)."""
-    step = jax.vmap(client_step or sampler.client_step, (0, 0, None, 0, None))
-    new_states, *out = step(client_keys(chain_key, k, ids), states, broadcast, clients, k)
-    return (select(mask, new_states, states), *out)
+    false) keep their state."""
+    step = jax.vmap(sampler.client_step, (0, 0, None, 0, None))
+    new_states, uploads, infos = step(client_keys(chain_key, k, ids), states, broadcast, clients, k)
+    return select(mask, new_states, states), uploads, infos
 
 
 def server_round(sampler: FederatedSampler, chain_key, k, server_state, uploads, mask, b: int):

@@ -178,7 +178,7 @@ class FAClientState(NamedTuple):
 
 
 class FAUpload(NamedTuple):
-    """A client's upload: its (compressed) change, its new anchor gradient (or ``()``), and its
+    """A client's upload: the compressor's message of its change, its new anchor gradient (or ``()``), and its
     change of momentum (``momentum_sync="average"`` with trajectories across synchronisations
     only; else ``()``)."""
 
@@ -425,7 +425,7 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
             return run(start, length, eta_at(counter + j), (theta, p, m))
 
         theta, p, _ = jax.lax.fori_loop(0, count, trajectory, carry)
-        delta, comp_state, cinfo = compressor.apply(key_comp, theta - theta0, client_state.compressor)
+        message, comp_state, cinfo = compressor.apply(key_comp, theta - theta0, client_state.compressor)
         bits = cinfo.bits
         anchor = ()
         if debiased:
@@ -436,11 +436,11 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
             momentum_up = p - p0
             bits = bits + float_bits(momentum_up)
         state = FAClientState(comp_state, anchor, p if keep_momentum else ())
-        return state, FAUpload(delta, anchor, momentum_up), ClientInfo(bits=bits)
+        return state, FAUpload(message, anchor, momentum_up), ClientInfo(bits=bits)
 
     def server_step(key, server_state, uploads, mask, k):
         a = participation.weights(mask) * w_all
-        position = server_state.position + jnp.tensordot(a, uploads.delta, axes=1)
+        position = server_state.position + jnp.tensordot(a, jax.vmap(compressor.decode)(uploads.delta), axes=1)
         anchors, correction, momentum = (), (), ()
         if debiased:
             anchors = jnp.where(mask[:, None], uploads.anchor, server_state.anchors)

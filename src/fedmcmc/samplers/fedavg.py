@@ -125,8 +125,8 @@ def fedavg(model: Model, weights, learning_rate, local_steps: int = 1, batch_siz
             return theta - eta * g
 
         theta = jax.lax.fori_loop(0, local_steps, step, theta0)
-        delta, comp_state, cinfo = compressor.apply(key_comp, theta - theta0, client_state.compressor)
-        return FedAvgClientState(comp_state), delta, ClientInfo(bits=cinfo.bits)
+        message, comp_state, cinfo = compressor.apply(key_comp, theta - theta0, client_state.compressor)
+        return FedAvgClientState(comp_state), message, ClientInfo(bits=cinfo.bits)
 
     def server_step(key, server_state, uploads, mask, k):
         del key
@@ -136,7 +136,7 @@ def fedavg(model: Model, weights, learning_rate, local_steps: int = 1, batch_siz
             a = m * w_all / jnp.maximum(active_weight, 1e-30)
         else:
             a = participation.weights(mask) * w_all
-        position = server_state.position + jnp.tensordot(a, uploads, axes=1)
+        position = server_state.position + jnp.tensordot(a, jax.vmap(compressor.decode)(uploads), axes=1)
         position = jnp.where(jnp.any(mask), position, server_state.position)
         eta = jnp.asarray(resolve_schedule(learning_rate, k * local_steps), jnp.float32)
         return (FedAvgState(position), Broadcast(position),

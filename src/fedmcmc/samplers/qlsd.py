@@ -80,12 +80,12 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
         del k
         key_grad, key_comp = jax.random.split(key)
         grad = oracle(key_grad, broadcast.position, client_data)
-        upload, comp_state, cinfo = compressor.apply(key_comp, grad, client_state.compressor)
-        return QLSDClientState(comp_state), upload, ClientInfo(bits=cinfo.bits)
+        message, comp_state, cinfo = compressor.apply(key_comp, grad, client_state.compressor)
+        return QLSDClientState(comp_state), message, ClientInfo(bits=cinfo.bits)
 
     def server_step(key, server_state, uploads, mask, k):
         gamma = server_step_size(step_size, k)
-        drift = jnp.tensordot(participation.weights(mask), uploads, axes=1)
+        drift = jnp.tensordot(participation.weights(mask), jax.vmap(compressor.decode)(uploads), axes=1)
         if server_constant is not None:
             drift = drift + server_constant
         position = langevin_update(key, model, server_state.position, drift, gamma)

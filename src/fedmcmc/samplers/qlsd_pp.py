@@ -230,18 +230,19 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
             xb, w = gradients.minibatch(key_batch, client_data, sizes)
             grad = (gradients.weighted_potential_grad(model, theta, xb, w)
                     - gradients.weighted_potential_grad(model, reference, xb, w) + reference_grad)
-        delta, comp_state, cinfo = compressor.apply(key_comp, grad - client_state.memory, client_state.compressor)
-        new_memory = client_state.memory + client_alpha(client_data.index) * delta
-        return (QLSDPPClientState(comp_state, new_memory, reference, reference_grad, round_), delta,
+        message, comp_state, cinfo = compressor.apply(key_comp, grad - client_state.memory, client_state.compressor)
+        new_memory = client_state.memory + client_alpha(client_data.index) * compressor.decode(message)
+        return (QLSDPPClientState(comp_state, new_memory, reference, reference_grad, round_), message,
                 ClientInfo(bits=cinfo.bits))
 
     def server_step(key, server_state, uploads, mask, k):
         gamma = server_step_size(step_size, k)
-        drift = server_state.memory + jnp.tensordot(participation.weights(mask), uploads, axes=1)
+        deltas = jax.vmap(compressor.decode)(uploads)
+        drift = server_state.memory + jnp.tensordot(participation.weights(mask), deltas, axes=1)
         position = langevin_update(key, model, server_state.position, drift, gamma)
         position = participation_lib.hold_if_empty(participation, mask, position, server_state.position)
         rates = mask.astype(jnp.float32) * jnp.broadcast_to(alpha, mask.shape)
-        new_memory = server_state.memory + jnp.tensordot(rates, uploads, axes=1)
+        new_memory = server_state.memory + jnp.tensordot(rates, deltas, axes=1)
         # round k's broadcast carried the anchor iff k did not move it and some client may have been stale
         carried = (k % refresh_every != 0) & ~server_state.synced if uses_anchor else jnp.zeros((), bool)
         bits = float_bits(server_state.position) + jnp.where(carried, float_bits(server_state.anchor), 0)
