@@ -35,37 +35,29 @@ def positive_int(label: str, value) -> int:
     return int(value)
 
 
-def positive(label: str, value, hint: str = "") -> float:
-    """A finite number > 0."""
+def _number(label: str, value, ok, requirement: str, hint: str) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
         number = float("nan")
-    if not (np.isfinite(number) and number > 0):
-        raise ValueError(f"{label} must be a finite number > 0 (got {value!r}){hint}")
+    if not ok(number):
+        raise ValueError(f"{label} must {requirement} (got {value!r}){hint}")
     return number
+
+
+def positive(label: str, value, hint: str = "") -> float:
+    """A finite number > 0."""
+    return _number(label, value, lambda x: np.isfinite(x) and x > 0, "be a finite number > 0", hint)
 
 
 def non_negative(label: str, value, hint: str = "") -> float:
     """A finite number >= 0."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if not (np.isfinite(number) and number >= 0):
-        raise ValueError(f"{label} must be a finite number >= 0 (got {value!r}){hint}")
-    return number
+    return _number(label, value, lambda x: np.isfinite(x) and x >= 0, "be a finite number >= 0", hint)
 
 
 def unit_interval(label: str, value, hint: str = "") -> float:
     """A number in [0, 1]."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if not 0.0 <= number <= 1.0:
-        raise ValueError(f"{label} must lie in [0, 1] (got {value!r}){hint}")
-    return number
+    return _number(label, value, lambda x: 0.0 <= x <= 1.0, "lie in [0, 1]", hint)
 
 
 def choice(label: str, value, choices, hint: str = ""):
