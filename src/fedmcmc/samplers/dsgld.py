@@ -27,7 +27,8 @@ cancel it too when the prior is Gaussian, since the prior shares add up to the p
 **Communication.** Each round is one visit: the server sends ``theta`` (32 bits a
 coordinate) and the shard returns the visit's draws, the last of which is the new ``theta``.
 CG-DSGLD starts with a setup exchange: every shard fits ``q_s`` and uploads it once, the
-server sends ``q`` to every shard once (:func:`fedmcmc.surrogates.surrogate_bits` each way).
+server sends ``q`` to every shard once (:func:`fedmcmc.surrogates.surrogate_bits` each way: a
+full precision travels as its upper triangle, :func:`fedmcmc.surrogates.pack`).
 
 **Draws.** The chain's samples are its local iterates, every ``record_every`` local steps
 (El Mekkaoui et al. keep every 100th). With ``record_every < L`` a round yields
@@ -184,14 +185,16 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
     if conducive:
         def setup_client(key, client_state, broadcast, client_data):
             q_s = surrogate(key, model, client_data, broadcast.position, client_state.share)
-            return client_state._replace(surrogate=q_s), q_s, ClientInfo(bits=_bits(q_s))
+            return client_state._replace(surrogate=q_s), surrogates_lib.pack(q_s), ClientInfo(bits=_bits(q_s))
 
         def setup_server(key, server_state, uploads):
             del key
-            q = surrogates_lib.product(uploads)
-            return server_state, q, ServerInfo(step_size=jnp.zeros((), jnp.float32), broadcast_bits=_bits(q))
+            q = surrogates_lib.product(jax.vmap(surrogates_lib.unpack)(uploads))
+            return (server_state, surrogates_lib.pack(q),
+                    ServerInfo(step_size=jnp.zeros((), jnp.float32), broadcast_bits=_bits(q)))
 
-        def receive(client_state, q):
+        def receive(client_state, message):
+            q = surrogates_lib.unpack(message)
             return client_state._replace(conducive=conducive_term(q, client_state.surrogate, client_state.share))
 
         setup = Setup(setup_client, setup_server, receive)
