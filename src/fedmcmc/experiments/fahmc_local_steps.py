@@ -21,9 +21,10 @@ as the run keeps score this much). The paper's ``eps ~ 0.101`` is on its own sca
 generator is unstated and its runs are 2e7 steps); ours are ``eps`` chosen between our curves'
 start and their floor (docs/reproductions.md).
 
-**Budget.** Each ``T`` runs ``min(max_rounds, leapfrog_budget / T)`` rounds, the same number of
-leapfrog steps (gradient evaluations) for every ``T`` up to the cap; at d = 1000 a leapfrog step
-costs about 0.7 ms per chain here. Raise ``leapfrog_budget``, ``max_rounds`` and ``num_chains``
+**Budget.** Each ``T`` runs ``leapfrog_budget / T`` rounds clipped to ``[min_rounds, max_rounds]``:
+the same number of leapfrog steps (gradient evaluations) for every ``T`` between the clips, and
+at least ``min_rounds`` rounds for large ``T`` (whose R_eps would otherwise be cut by the budget
+rather than by client drift); at d = 1000 a leapfrog step costs about 0.7 ms per chain here. Raise ``leapfrog_budget``, ``max_rounds`` and ``num_chains``
 with ``--set`` to run longer.
 
 A second panel gives the same trade-off exactly, without Monte-Carlo error: the law of FA-HMC
@@ -52,18 +53,19 @@ SUMMARY = "FA-HMC: communication rounds to reach a marginal error against local 
 _PROBLEM = ("seed", "dim", "num_points", "num_clients", "feature_scale", "correlation", "gradient_noise",
             "reference_samples", "reference_chains", "reference_warmup")
 FULL = dict({k: LOGISTIC[k] for k in _PROBLEM}, step_size=0.01, num_leapfrog=100,
-            local_steps=[1, 2, 5, 10, 20, 40, 70, 100], leapfrog_budget=4000, max_rounds=4000, sample_every=1,
+            local_steps=[1, 2, 5, 10, 20, 40, 70, 100], leapfrog_budget=4000, min_rounds=100, max_rounds=4000,
+            sample_every=1,
             num_chains=12, eps=[0.3, 0.2, 0.15], curve_points=40,
             gaussian_dim=1, gaussian_num_leapfrog=10, gaussian_eps=0.1, gaussian_rounds=3000,
             gaussian_local_steps=[1, 2, 5, 10, 20, 50, 100, 200])
-QUICK = dict(FULL, local_steps=[1, 10, 70], leapfrog_budget=700, max_rounds=700, num_chains=4, curve_points=20,
+QUICK = dict(FULL, local_steps=[1, 10, 70], leapfrog_budget=700, min_rounds=20, max_rounds=700, num_chains=4, curve_points=20,
              gaussian_local_steps=[1, 10, 100])
 
 
 def rounds_for(t: int, cfg: dict) -> int:
-    """Rounds run with ``t`` leapfrog steps a round: the leapfrog budget, capped, a multiple of
-    ``sample_every``."""
-    r = min(cfg["max_rounds"], math.ceil(cfg["leapfrog_budget"] / t))
+    """Rounds run with ``t`` leapfrog steps a round: the leapfrog budget, within
+    ``[min_rounds, max_rounds]``, a multiple of ``sample_every``."""
+    r = min(cfg["max_rounds"], max(cfg["min_rounds"], math.ceil(cfg["leapfrog_budget"] / t)))
     return max(1, r // cfg["sample_every"]) * cfg["sample_every"]
 
 
@@ -108,7 +110,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     ref_draws = ref.samples.reshape(-1, model.dim)
     ref_sorted = np.sort(ref_draws, axis=0)
 
-    per_t, kept = {}, {}
+    per_t = {}
     for t in cfg["local_steps"]:
         label = f"T={t}"
         rounds = rounds_for(t, cfg)
@@ -131,7 +133,9 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             "leapfrog_steps_per_round": t,
             "sampler_seconds": res.wall_seconds,
         }
-        kept[label] = res
+        # runs of different lengths: one posterior file each
+        io.write_posterior(out / "runs" / f"T{t}" / "posterior.nc", {label: res},
+                           attrs={"experiment": NAME, "quick": quick, "local_steps": t})
 
     gauss = gaussian_rounds(cfg)
     payload = {
@@ -145,7 +149,6 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         "wall_seconds": time.perf_counter() - started,
     }
     io.write_json(out / "results.json", payload)
-    io.write_posterior(out / "posterior.nc", kept, attrs={"experiment": NAME, "quick": quick})
     plot(out / "rounds_vs_local_steps.png", per_t, gauss, cfg, quick)
     return payload
 

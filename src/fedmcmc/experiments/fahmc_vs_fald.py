@@ -14,7 +14,7 @@ chosen so that the posterior precision is of order 1-10, where the paper's traje
 (``rho = 1``), redrawn every ``K`` leapfrog steps, a trajectory spanning rounds when ``K > T``
 (each client keeps its momentum across a synchronisation: ``momentum_sync="local"``, the
 sampler's default). FA-HMC uses ``K = floor(pi / (3 eta))`` for ``eta <= 0.01`` and the best
-``K`` of ``{floor(pi / (3 eta))} U tuned_k`` (``2 <= K``, lowest pooled ME) above; FA-LD is
+``K`` of ``{floor(pi / (3 eta))} U tuned_k`` (``2 <= K <= floor(pi / (3 eta))``, lowest ME) above; FA-LD is
 ``K = 1`` (Langevin with learning rate ``eta^2 / 2``). Exact gradients (Fig. 1a) and exact
 plus N(0, sigma^2 I) noise, ``sigma = 10`` (Fig. 1b), two independent noise draws per leapfrog
 step (Algorithm 1). Optionally (``methods``) de-biased FA-HMC (Algorithm B.2) and centralised
@@ -172,14 +172,14 @@ def compare(cfg: dict, out: Path, quick: bool, progress: bool, resume: bool, nam
                               sd_ratio=float(np.mean(draws.reshape(-1, model.dim).std(0) / ref_draws.std(0))),
                               sampler_seconds=res.wall_seconds, diverged=False)
                 runs.append(record)
-                # tuned K: the lowest pooled ME among the candidates of this step size
+                # tuned K: the lowest ME (group mean) among the candidates of this step size
                 slot = best[setting].setdefault(method, {})
-                if record["me_pooled"] < slot.get(eta, {}).get("me_pooled", float("inf")):
+                if record["me"] < slot.get(eta, {}).get("me", float("inf")):
                     slot[eta] = record
                 # the posterior file keeps the draws of each method's best run
                 key = f"{method} ({setting})"
-                if record["me_pooled"] < kept.get(key, (float("inf"), None))[0]:
-                    kept[key] = (record["me_pooled"], res)
+                if record["me"] < kept.get(key, (float("inf"), None))[0]:
+                    kept[key] = (record["me"], res)
 
     summary = summarise(best)
     payload = {
