@@ -56,8 +56,8 @@ FULL = dict({k: LOGISTIC[k] for k in _PROBLEM}, step_size=0.01, num_leapfrog=100
             local_steps=[1, 2, 5, 10, 20, 40, 70, 100], leapfrog_budget=4000, min_rounds=100, max_rounds=4000,
             sample_every=1,
             num_chains=12, eps=[0.3, 0.2, 0.15], curve_points=40,
-            gaussian_dim=1, gaussian_num_leapfrog=10, gaussian_eps=0.1, gaussian_rounds=3000,
-            gaussian_local_steps=[1, 2, 5, 10, 20, 50, 100, 200])
+            gaussian_dim=1, gaussian_num_leapfrog=10, gaussian_eps=0.1, gaussian_rounds=20000,
+            gaussian_local_steps=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000])
 QUICK = dict(FULL, local_steps=[1, 10, 70], leapfrog_budget=700, min_rounds=20, max_rounds=700, num_chains=4, curve_points=20,
              gaussian_local_steps=[1, 10, 100])
 

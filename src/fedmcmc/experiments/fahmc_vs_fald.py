@@ -57,7 +57,7 @@ SUMMARY = "FA-HMC vs FA-LD at d = 1000: marginal error against step size, exact 
 
 FULL = dict(seed=0, dim=1000, num_points=1000, num_clients=20, feature_scale=0.1, local_steps=10, correlation=1.0,
             gradient_noise=10.0, gradients=["exact", "noisy"], methods=["FA-HMC", "FA-LD"],
-            step_sizes=[0.005, 0.01, 0.02, 0.05, 0.1], tuned_k=[10], rounds=300, burn_in=150, num_chains=8,
+            step_sizes=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3], tuned_k=[10], rounds=300, burn_in=150, num_chains=8,
             chain_groups=4, reference_samples=2500, reference_chains=4, reference_warmup=1000)
 QUICK = dict(FULL, step_sizes=[0.01, 0.05], rounds=120, burn_in=60, num_chains=4, chain_groups=2)
 

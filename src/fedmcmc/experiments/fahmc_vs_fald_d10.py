@@ -20,7 +20,7 @@ NAME = "fahmc-vs-fald-d10"
 SUMMARY = "FA-HMC vs FA-LD at d = 10: marginal error against step size, noisy gradients (FA-HMC Fig. 1 d)"
 
 FULL = dict(base.FULL, dim=10, gradients=["noisy"], step_sizes=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2],
-            tuned_k=[3, 10], rounds=2000, burn_in=1000, num_chains=32, chain_groups=8,
+            tuned_k=[10], rounds=2000, burn_in=1000, num_chains=24, chain_groups=6,
             reference_samples=5000, reference_chains=4, reference_warmup=1000)
 QUICK = dict(FULL, step_sizes=[0.01, 0.05, 0.2], tuned_k=[3], rounds=600, burn_in=300, num_chains=16, chain_groups=4)
 
