@@ -62,8 +62,9 @@ def test_fahmc_local_steps(tmp_path, monkeypatch):
     from fedmcmc.experiments import fahmc_local_steps
 
     monkeypatch.setattr(fahmc_local_steps, "logistic_reference", stand_in_reference)
-    settings = dict(TINY, local_steps=[4], leapfrog_budget=40, min_rounds=1, max_rounds=30, num_leapfrog=6, step_size=0.1,
-                    eps=[0.6, 0.3, 0.05], curve_points=8, gaussian_local_steps=[1, 10, 200], gaussian_rounds=1500)
+    settings = dict(TINY, local_steps=[4], leapfrog_budget=40, min_rounds=1, max_rounds=30, num_leapfrog=6,
+                    step_size=0.1, eps=[0.6, 0.3, 0.05], curve_points=8, gaussian_local_steps=[1, 10, 200],
+                    gaussian_rounds=1500)
     # every T gets the same leapfrog budget (40 steps here), within [min_rounds, max_rounds]
     assert [fahmc_local_steps.rounds_for(t, dict(settings, sample_every=1)) for t in (1, 4, 70)] == [30, 10, 1]
     assert fahmc_local_steps.rounds_for(70, dict(settings, sample_every=1, min_rounds=5)) == 5

@@ -24,10 +24,10 @@ start and their floor (docs/reproductions.md).
 **Budget.** Each ``T`` runs ``leapfrog_budget / T`` rounds clipped to ``[min_rounds, max_rounds]``:
 the same number of leapfrog steps (gradient evaluations) for every ``T`` between the clips, and
 at least ``min_rounds`` rounds for large ``T`` (whose R_eps would otherwise be cut by the budget
-rather than by client drift); at d = 1000 a leapfrog step costs about 0.7 ms per chain here. Raise ``leapfrog_budget``, ``max_rounds`` and ``num_chains``
-with ``--set`` to run longer.
+rather than by client drift); at d = 1000 a leapfrog step costs about 0.7 ms per chain
+here. Raise ``leapfrog_budget``, ``max_rounds`` and ``num_chains`` with ``--set`` to run longer.
 
-A second panel gives the same trade-off exactly, without Monte-Carlo error: the law of FA-HMC
+The third panel of the figure gives the same trade-off exactly, without Monte-Carlo error: the law of FA-HMC
 (leapfrog clock) on the heterogeneous Gaussian of Section 5.2 (:mod:`fedmcmc.laws`), with W2^2
 of the round-r law against the posterior.
 """
@@ -58,8 +58,8 @@ FULL = dict({k: LOGISTIC[k] for k in _PROBLEM}, step_size=0.01, num_leapfrog=100
             num_chains=12, eps=[0.3, 0.2, 0.15], curve_points=40,
             gaussian_dim=1, gaussian_num_leapfrog=10, gaussian_eps=0.1, gaussian_rounds=20000,
             gaussian_local_steps=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000])
-QUICK = dict(FULL, local_steps=[1, 10, 70], leapfrog_budget=700, min_rounds=20, max_rounds=700, num_chains=4, curve_points=20,
-             gaussian_local_steps=[1, 10, 100])
+QUICK = dict(FULL, local_steps=[1, 10, 70], leapfrog_budget=700, min_rounds=20, max_rounds=700, num_chains=4,
+             curve_points=20, gaussian_local_steps=[1, 10, 100])
 
 
 def rounds_for(t: int, cfg: dict) -> int:
@@ -163,7 +163,8 @@ def plot(path: Path, per_t: dict, gauss: dict, cfg: dict, quick: bool):
         cx.axhline(e, color="grey", linewidth=0.6, linestyle=":")
     cx.set_xlabel("communication rounds")
     cx.set_ylabel(f"online ME ({cfg['num_chains']} chains pooled)")
-    cx.set_title(f"d = {cfg['dim']}, K = {cfg['num_leapfrog']}, eta = {cfg['step_size']}" + (" (quick)" if quick else ""))
+    cx.set_title(f"d = {cfg['dim']}, K = {cfg['num_leapfrog']}, eta = {cfg['step_size']}"
+                 + (" (quick)" if quick else ""))
     cx.legend(fontsize=7)
     cx.grid(True, which="both", alpha=0.3)
     for e in cfg["eps"]:

@@ -30,11 +30,11 @@ biased upward by the finite number of draws: ``me_floor`` is the ME between as m
 as a group (or the pool) has and the rest of the reference, what an exact sampler with
 independent draws would score (autocorrelated draws score more).
 
-**Budget.** The paper runs 2e7 steps per setting and keeps the last 1e7. At d = 1000 a round of
-10 leapfrog steps costs about 0.7 ms per chain here, so FULL runs ``rounds`` = 300 (3,000
-leapfrog steps) on 8 chains (4 groups of 2) per setting: at small ``eta`` FA-LD (learning rate ``eta^2 / 2``)
-has not left its start in 300 rounds, which the paper's 2e7 steps hide. Run longer with
-``--set rounds=...,burn_in=...``.
+**Budget.** The paper runs 2e7 steps per setting and keeps the last 1e7. At d = 1000 a
+leapfrog step costs about 0.7 ms per chain here (7 ms a round), so FULL runs ``rounds`` = 300
+(3,000 leapfrog steps) on 8 chains (4 groups of 2) per setting: at small ``eta`` FA-LD
+(learning rate ``eta^2 / 2``) has not left its start in 300 rounds, which the paper's 2e7
+steps hide. Run longer with ``--set rounds=...,burn_in=...,num_chains=...``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ from fedmcmc.samplers import fa_hmc
 from fedmcmc.simulator import DivergenceError, simulate
 
 NAME = "fahmc-vs-fald"
-SUMMARY = "FA-HMC vs FA-LD at d = 1000: marginal error against step size, exact and noisy gradients (FA-HMC Fig. 1 a, b)"
+SUMMARY = ("FA-HMC vs FA-LD at d = 1000: marginal error against step size, exact and noisy gradients "
+           "(FA-HMC Fig. 1 a, b)")
 
 FULL = dict(seed=0, dim=1000, num_points=1000, num_clients=20, feature_scale=0.1, local_steps=10, correlation=1.0,
             gradient_noise=10.0, gradients=["exact", "noisy"], methods=["FA-HMC", "FA-LD"],
@@ -151,7 +152,8 @@ def compare(cfg: dict, out: Path, quick: bool, progress: bool, resume: bool, nam
     for setting in cfg["gradients"]:
         noise = cfg["gradient_noise"] if setting == "noisy" else 0.0
         for eta in cfg["step_sizes"]:
-            plan = [(m, k) for m in cfg["methods"] for k in ([1] if m == "FA-LD" else leapfrog_grid(eta, cfg["tuned_k"]))]
+            plan = [(m, k) for m in cfg["methods"]
+                    for k in ([1] if m == "FA-LD" else leapfrog_grid(eta, cfg["tuned_k"]))]
             for method, k in plan:
                 central = method == "Centralised uHMC"
                 sampler = fa_hmc(model, [1.0] if central else data.weights, eta, k, cfg["local_steps"],
@@ -199,7 +201,8 @@ def compare(cfg: dict, out: Path, quick: bool, progress: bool, resume: bool, nam
     }
     io.write_json(out / "results.json", payload)
     if kept:
-        io.write_posterior(out / "posterior.nc", {k: v[1] for k, v in kept.items()}, attrs={"experiment": name, "quick": quick})
+        io.write_posterior(out / "posterior.nc", {k: v[1] for k, v in kept.items()},
+                           attrs={"experiment": name, "quick": quick})
     plot(out / "me_vs_step_size.png", best, floors, cfg, quick)
     return payload
 
