@@ -59,8 +59,10 @@ def test_fahmc_vs_fald(tmp_path, monkeypatch):
 
 
 def test_fahmc_local_steps(tmp_path, monkeypatch):
-    from fedmcmc.experiments import fahmc_local_steps
+    from fedmcmc.experiments import fahmc_local_steps, fahmc_vs_fald
 
+    # one cached NUTS reference (keyed by data and settings) serves both d = 1000 studies
+    assert all(fahmc_local_steps.FULL[k] == fahmc_vs_fald.FULL[k] for k in fahmc_local_steps._PROBLEM)
     monkeypatch.setattr(fahmc_local_steps, "logistic_reference", stand_in_reference)
     settings = dict(TINY, local_steps=[4], leapfrog_budget=40, min_rounds=1, max_rounds=30, num_leapfrog=6,
                     step_size=0.1, eps=[0.6, 0.3, 0.05], curve_points=8, gaussian_local_steps=[1, 10, 200],
