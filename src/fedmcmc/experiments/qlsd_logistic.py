@@ -24,7 +24,8 @@ charged to any sampler, with the same number of chain iterations):
 - FSGLD (CG-DSGLD) with diagonal Gaussian surrogates from the second-order expansion of each
   shard's log-density at the mode (``surrogates.taylor``), shards visited with probability
   N_s / N, step ``h = 2 gamma`` in FSGLD's convention, ``fsgld_local_steps`` steps per visit
-  (an iteration is a local step). The paper does not give its baselines' settings.
+  (an iteration is a local step). The paper does not give its baselines' settings
+  (``baselines`` picks which of the two run).
 
 Budget (two shared cores): 4 chains of 10,000 iterations with 2,000 of burn-in (the paper: 500,000
 and 50,000), 5,000 training images, NUTS with 2 x 500 draws; ``--set num_iterations=500000 --set
@@ -70,11 +71,12 @@ SUMMARY = ("QLSD++ 4/8/16 bits vs LSD++, DG-SGLD, FSGLD: logistic regression on 
 PAPER = {"FSGLD": (5.4e-3, 6.2), "DG-SGLD": (5.2e-3, 6.4), "QLSD++ 4 bits": (6.1e-3, 7.6),
          "QLSD++ 8 bits": (4.3e-3, 6.7), "QLSD++ 16 bits": (6.9e-4, 3.1)}
 
-FULL = dict(seed=0, dataset="fashion-mnist", classes=[0, 6], num_train=5000, num_clients=50, dirichlet_alpha=0.5, min_client_size=10,
+FULL = dict(seed=0, dataset="fashion-mnist", classes=[0, 6], num_train=5000, num_clients=50, dirichlet_alpha=0.5,
+            min_client_size=10,
             prior_variance=2e-2, step_size=1e-5, bits=[4, 8, 16], refresh_every=100, batch_size=10,
             num_iterations=10_000, burn_in=2_000, thinning=20, num_chains=4, rho=1e-3, dg_local_steps=1,
-            fsgld_local_steps=10, hpd_level=0.99, reference_samples=500, reference_warmup=300,
-            reference_chains=2, test_size=2000)
+            fsgld_local_steps=10, baselines=["DG-SGLD", "FSGLD"], hpd_level=0.99, reference_samples=500,
+            reference_warmup=300, reference_chains=2, test_size=2000)
 QUICK = dict(FULL, num_iterations=3_000, burn_in=600, num_chains=2, reference_samples=200, reference_warmup=150)
 
 
@@ -108,7 +110,8 @@ def problem(cfg: dict):
 
     x_train, y_train = pick(ds.x, ds.y, int(cfg["num_train"]))
     if ds.test is not None:
-        x_test, y_test = pick(ds.test[0], ds.test[1], min(int(cfg["test_size"]), int(np.isin(ds.test[1], classes).sum())))
+        available = int(np.isin(ds.test[1], classes).sum())
+        x_test, y_test = pick(ds.test[0], ds.test[1], min(int(cfg["test_size"]), available))
     else:
         x_test, y_test = x_train[:0], y_train[:0]
     centre = x_train.mean(axis=0)
@@ -174,11 +177,15 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         runs.append((f"QLSD++ {p} bits",
                      lambda p=p: qlsd_pp(model, gamma, cfg["batch_size"], quantization(2 ** int(p)),
                                          refresh_every=cfg["refresh_every"]), 1, 2 ** int(p)))
+    unknown = set(cfg["baselines"]) - {"DG-SGLD", "FSGLD"}
+    if unknown:
+        raise ValueError(f"unknown baselines {sorted(unknown)}; baselines is a subset of ['DG-SGLD', 'FSGLD']")
     runs.append(("DG-SGLD", lambda: dg_sgld(model, rho, 0.5 / (local + 1 / rho), cfg["dg_local_steps"],
                                             cfg["batch_size"], num_clients=b), 1, None))
     runs.append(("FSGLD", lambda: cg_dsgld(model, np.asarray(data.weights), 2 * gamma, loc,
                                            surrogate=surrogates.taylor("diag"), batch_size=cfg["batch_size"]), loc,
                  None))
+    runs = [r for r in runs if r[0] not in ("DG-SGLD", "FSGLD") or r[0] in cfg["baselines"]]
 
     results, table, potentials = {}, {}, {}
     for label, make, per_round, levels in runs:
@@ -188,8 +195,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
                        thinning=thin, progress=progress, description=label, resume=resume,
                        out_dir=out / "runs" / label.replace(" ", "_").replace("+", "p"))
         results[label] = res
-        potentials[label] = u
-        eta, se, per_chain, u = _thresholds(model, res.samples, pooled, cfg["hpd_level"])
+        eta, se, per_chain, potentials[label] = _thresholds(model, res.samples, pooled, cfg["hpd_level"])
         probs = predictive.predict_bma(model, res.samples, x_test) if len(y_test) else None
         err_nuts, err_nuts_se = relative_hpd_error(eta, se, eta_nuts, se_nuts)
         table[label] = {

@@ -41,9 +41,9 @@ SUMMARY = "QLSD++ with and without memory on SYNTHETIC(1, 1), d = 2, b = 50: err
 FULL = dict(seed=0, data_seed=0, num_clients=50, dim=2, alpha=1.0, beta=1.0, prior_scale=float(np.sqrt(2e-2)),
             levels=[2, 4], step_size=1e-5, refresh_every=100, batch_size=1, num_iterations=100_000, burn_in=0,
             thinning=10, num_chains=10, reference_samples=20_000, reference_chains=4, reference_warmup=2_000,
-            reference_thinning=10, mala_step_fraction=0.5, curve_points=40)
+            reference_thinning=2, mala_step_fraction=0.5, curve_points=40)
 QUICK = dict(FULL, num_iterations=10_000, num_chains=8, reference_samples=4_000, reference_warmup=1_000,
-             reference_thinning=5, curve_points=20)
+             reference_thinning=2, curve_points=20)
 
 
 def methods(levels) -> list[tuple[str, int | None, bool]]:
@@ -198,7 +198,8 @@ def plot(path: Path, table: dict, quick: bool):
         mean, se = np.asarray(c["mean"]), np.asarray(c["se"])
         ax.loglog(c["iterations"], mean, style, color=colours[key], label=label)
         if np.all(np.isfinite(se)):
-            ax.fill_between(c["iterations"], np.maximum(mean - se, mean / 10), mean + se, color=colours[key], alpha=0.15)
+            ax.fill_between(c["iterations"], np.maximum(mean - se, mean / 10), mean + se, color=colours[key],
+                            alpha=0.15)
     ax.set_xlabel("iterations")
     ax.set_ylabel("||variance - MALA variance||")
     ax.set_title("QLSD++ memory, SYNTHETIC(1, 1), d = 2, b = 50" + (" (quick)" if quick else ""))
