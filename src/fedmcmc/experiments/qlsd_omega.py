@@ -64,8 +64,8 @@ SUMMARY = ("QLSD* on the toy Gaussian: bias against omega for several step sizes
            "(QLSD Fig. S2)")
 
 FULL = dict(seed=0, levels=[1, 2, 4, 8, 16, 32, 64, 256], step_sizes=[4.9e-4, 1.5e-4, 4.9e-5, 1.5e-5, 4.9e-6],
-            sphere_draws=100_000, mc_step_sizes=[4.9e-4, 4.9e-5], mc_levels=[1, 2, 4, 8, 16], num_iterations=20_000,
-            burn_in=1_000, num_chains=8)
+            sphere_draws=100_000, mc_step_sizes=[4.9e-4, 4.9e-5], mc_levels=[1, 2, 4, 8, 16], num_iterations=8_000,
+            burn_in=500, num_chains=8)
 QUICK = dict(FULL, sphere_draws=20_000, mc_step_sizes=[4.9e-4], mc_levels=[1, 4, 16], num_iterations=4_000,
              burn_in=500, num_chains=4)
 
