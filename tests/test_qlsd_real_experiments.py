@@ -44,12 +44,13 @@ def test_variance_error_helpers_against_closed_forms():
 def test_qlsd_memory_tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDMCMC_CACHE", str(tmp_path / "cache"))
     r = qlsd_memory.run(tmp_path / "out", quick=True, progress=False, settings=dict(
-        levels=[2], num_iterations=2000, num_chains=4, reference_samples=500, reference_warmup=200,
+        levels=[2], num_iterations=2000, burn_in=500, num_chains=4, reference_samples=500, reference_warmup=200,
         reference_chains=2, curve_points=5))
     assert get("qlsd-memory") is qlsd_memory
     m, s = r["methods"], r["settings"]
     assert set(m) == {"QLSD++ s=2, memory", "QLSD++ s=2, no memory", "LSD++"}
-    assert s["num_clients"] == 50 and s["dim"] == 2 and s["burn_in"] == 0 and s["prior_variance"] == pytest.approx(2e-2)
+    assert s["num_clients"] == 50 and s["dim"] == 2 and s["prior_variance"] == pytest.approx(2e-2)
+    assert qlsd_memory.FULL["burn_in"] == 0 and qlsd_memory.FULL["num_iterations"] == 100_000
     # omega = min(d / s^2, sqrt(d) / s) = 0.5 for d = 2, s = 2: alpha = 2/3 with memory, 0 without
     assert m["QLSD++ s=2, memory"]["memory_rate"] == pytest.approx(2 / 3)
     assert m["QLSD++ s=2, no memory"]["memory_rate"] == 0.0
@@ -60,9 +61,8 @@ def test_qlsd_memory_tiny(tmp_path, monkeypatch):
     # the effect the figure shows: without memory the compression noise (omega ||grad U_i||^2,
     # large on heterogeneous clients) inflates the variance; with memory it stays near LSD++
     no, yes = m["QLSD++ s=2, no memory"], m["QLSD++ s=2, memory"]
-    assert min(no["variance_ratio_to_reference"]) > 1.3
-    assert no["variance_error"] - yes["variance_error"] > h.Z * np.hypot(no["variance_error_se"],
-                                                                         yes["variance_error_se"])
+    assert min(no["variance_ratio_to_reference"]) > 1.3 > max(yes["variance_ratio_to_reference"])
+    assert no["variance_error"] > 3 * yes["variance_error"]
     assert 0.3 < r["reference"]["acceptance"] < 1
     for name in ("results.json", "variance_error.png", "posterior.nc"):
         assert (tmp_path / "out" / name).stat().st_size > 0
