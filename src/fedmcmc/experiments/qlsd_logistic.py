@@ -128,7 +128,7 @@ def problem(cfg: dict):
 
 def _thresholds(model, samples, pooled, level):
     """``eta`` from all draws, its standard error from the per-chain thresholds, and those thresholds."""
-    u = predictive.neg_log_posterior(model, samples, pooled)
+    u = predictive.neg_log_posterior(model, samples, pooled).reshape(np.shape(samples)[:2])  # [chain, draw]
     per_chain = np.array([predictive.hpd_threshold(u[c], level) for c in range(u.shape[0])])
     return predictive.hpd_threshold(u, level), _se(per_chain), per_chain, u
 

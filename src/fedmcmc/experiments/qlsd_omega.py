@@ -37,6 +37,11 @@ Long chains with the project's ``qlsd_star`` / ``lsd_star`` (same seeds, so the 
 shared and ``Delta`` is estimated from paired chains) check the closed form where its effect is
 large enough to measure (``mc_step_sizes``, ``mc_levels``).
 
+``kappa_bar <= omega`` always (QSGD Lemma 3.1); ``kappa_bar = omega / 6`` when ``s >= sqrt(d)``
+(``omega = d / s^2``, the ``f_j`` are then nearly uniform), and it rises towards ``2 omega / 3`` at
+``s = 1`` (``omega = sqrt(d) / s``), so the slope against omega is 1 in the first regime and
+steeper in the second; both are reported.
+
 Outputs: ``kappa_bar``, ``m``, ``Delta``, the squared bias of ``E||theta||`` for every (s, gamma),
 the fitted log-log slopes of ``Delta`` against omega (per gamma) and against gamma (per s), with
 standard errors (from the regression's residuals for the closed form; weighted by the chains'
@@ -149,6 +154,12 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         closed[f"{gamma:g}"] = {"step_size": gamma, "gamma_N": gamma * n, "lsd_second_moment": m0,
                                 "lsd_norm_bias2": norm_bias2(m0), "rows": rows,
                                 "slope_vs_omega": slope, "slope_vs_omega_se": slope_se}
+        # omega = d / s^2 for s >= sqrt(d), sqrt(d) / s below: the slope in each regime
+        for key, part in (("s_ge_sqrt_d", [r for r in rows if r["levels"] ** 2 >= d]),
+                          ("s_le_sqrt_d", [r for r in rows if r["levels"] ** 2 <= d])):
+            if len(part) >= 3:
+                closed[f"{gamma:g}"][f"slope_vs_omega_{key}"] = dict(zip(("slope", "se"), loglog_slope(
+                    [r["omega"] for r in part], [r["delta"] for r in part])))
     gammas = [float(g) for g in cfg["step_sizes"]]
     small = [g for g in gammas if g * n <= 0.1]  # the gamma -> 0 regime of the paper's Table 1
     slope_gamma = {}
