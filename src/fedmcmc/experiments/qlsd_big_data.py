@@ -154,8 +154,8 @@ def plot(path: Path, rows: dict, quick: bool):
             y = np.array([x[key] for x in r])
             se = np.array([x[key + "_se"] for x in r])
             ax.errorbar(ns, np.abs(y), yerr=se, fmt="-o", ms=4, color=f"C{i}", label=label)
-    axes[0].set_ylabel("|E||theta - ybar||^2 - d / N|  (bias of the second moment)")
-    axes[1].set_ylabel("the same over d / N (bias relative to the posterior's spread)")
+    axes[0].set_ylabel("b2 = E||theta - ybar||^2 - d / N")
+    axes[1].set_ylabel("b2 / (d / N)")
     for ax in axes:
         ax.set_xscale("log")
         ax.set_yscale("log")
