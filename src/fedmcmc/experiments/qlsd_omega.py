@@ -242,11 +242,11 @@ def plot(path: Path, closed: dict, chains: dict, posterior_m: float, quick: bool
             rows = [r for r in chains[key]["rows"] if r["delta"] > 0]
             axes[1].errorbar([r["omega"] for r in rows], [r["delta"] / posterior_m for r in rows],
                              yerr=[r["delta_se"] / posterior_m for r in rows], fmt="o", color=f"C{i}", ms=4)
-    axes[0].set_ylabel("squared bias of E||theta|| (stationary; dotted: LSD*)")
-    axes[1].set_ylabel("(m(omega) - m(0)) / (d / N)  (lines: recursion, dots: chains)")
+    axes[0].set_ylabel("bias^2 of E||theta|| (dotted: LSD*)")
+    axes[1].set_ylabel("Delta / (d / N) (lines: recursion, dots: chains)")
     for ax in axes:
         ax.set_xlabel("omega = min(d / s^2, sqrt(d) / s)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("QLSD* on the toy Gaussian: compression bias against omega" + (" (quick)" if quick else ""))
+    fig.suptitle("QLSD* on the toy Gaussian: bias against omega" + (" (quick)" if quick else ""))
     io.save_figure(fig, path)
