@@ -65,7 +65,7 @@ from fedmcmc.samplers import lsd_star, qlsd_star
 from fedmcmc.simulator import simulate
 
 NAME = "qlsd-omega"
-SUMMARY = ("QLSD* on the toy Gaussian: bias against omega for several step sizes, exact recursion + chains "
+SUMMARY = ("QLSD* on the toy Gaussian: bias against omega for several step sizes, closed-form second moment (uniform-direction approximation) + chains "
            "(QLSD Fig. S2)")
 
 FULL = dict(seed=0, levels=[1, 2, 4, 8, 16, 32, 64, 256], step_sizes=[4.9e-4, 1.5e-4, 4.9e-5, 1.5e-5, 4.9e-6],
