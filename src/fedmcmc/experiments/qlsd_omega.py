@@ -65,8 +65,8 @@ from fedmcmc.samplers import lsd_star, qlsd_star
 from fedmcmc.simulator import simulate
 
 NAME = "qlsd-omega"
-SUMMARY = ("QLSD* on the toy Gaussian: bias against omega for several step sizes, closed-form second moment (uniform-direction approximation) + chains "
-           "(QLSD Fig. S2)")
+SUMMARY = ("QLSD* on the toy Gaussian: bias against omega for several step sizes, closed-form second moment "
+           "(uniform-direction approximation) + chains (QLSD Fig. S2)")
 
 FULL = dict(seed=0, levels=[1, 2, 4, 8, 16, 32, 64, 256], step_sizes=[4.9e-4, 1.5e-4, 4.9e-5, 1.5e-5, 4.9e-6],
             sphere_draws=100_000, mc_step_sizes=[4.9e-4, 4.9e-5], mc_levels=[1, 2, 4, 8, 16], num_iterations=8_000,
