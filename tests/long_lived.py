@@ -8,9 +8,11 @@ with 1 and 4, which covers the same two paths at half the compilations.
 
 Run by ``test_no_hang.py``, which watches the lines printed here from outside and kills the
 process if a step makes no progress. Prints ``START <step>`` before and ``DONE <step>``
-after every step.
+after every step. The 4-chain run of every sampler also prints ``SAMPLES <name> <sha256>
+<sum>``: the fingerprint of its draws, compared with ``golden/samples.json`` by the test.
 """
 
+import hashlib
 import time
 
 import numpy as np
@@ -36,8 +38,11 @@ def main():
                                         use_cache=False))
     for name, (sampler, d) in samplers(data, model, found["mode"]).items():
         for chains in (1, 2, 3, 4) if name.startswith("cg-dsgld") else (1, 4):
-            step(f"{name} chains={chains}",
-                 lambda: fedmcmc.simulate(0, sampler, d, np.zeros(model.dim, np.float32), 2, num_chains=chains))
+            runs = {}
+            step(f"{name} chains={chains}", lambda: runs.setdefault(chains, fedmcmc.simulate(
+                0, sampler, d, np.zeros(model.dim, np.float32), 2, num_chains=chains)))
+        draws = np.ascontiguousarray(runs[4].samples)
+        print(f"SAMPLES {name} {hashlib.sha256(draws.tobytes()).hexdigest()} {float(draws.sum())!r}", flush=True)
     print("ALL DONE", flush=True)
 
 

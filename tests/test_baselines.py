@@ -27,6 +27,7 @@ from fedmcmc import from_clients, participation, simulate
 from fedmcmc.base import Model
 from fedmcmc.compression import quantization
 from fedmcmc.models import gaussian_factors, gaussian_mean
+from fedmcmc.runtime import round as rnd
 from fedmcmc.samplers.dg_sgld import dg_sgld, quadratic_prior
 from fedmcmc.samplers.fedavg import fedavg
 from fedmcmc.samplers.psgld import psgld
@@ -74,32 +75,27 @@ def test_psgld_with_frozen_preconditioner_is_preconditioned_ula(batch):
 
 
 def drive(sampler, data, theta0, rounds: int, chains: int, seed=0):
-    """Run the contract by hand (keys as in the simulator), returning every server state."""
+    """Run the contract round by round (the runtime's round, every client active), returning
+    every server state."""
     clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
     b = data.num_clients
     ids = jnp.arange(b, dtype=jnp.uint32)
+    everyone = jnp.ones((b,), bool)
 
     def chain(chain_key):
-        init_key = jax.random.fold_in(chain_key, 0)
-        server, broadcast = sampler.init(jax.random.fold_in(init_key, b), theta0)
-        keys = jax.vmap(jax.random.fold_in, (None, 0))(init_key, ids)
-        cstates = jax.vmap(sampler.client_init, (0, None, 0))(keys, broadcast, clients)
+        server, broadcast = rnd.server_init(sampler, chain_key, theta0, b)
+        cstates = rnd.client_init(sampler, chain_key, broadcast, clients, ids)
 
         def one(carry, k):
             server, broadcast, cstates = carry
-            round_key = jax.random.fold_in(chain_key, k + 1)
-            keys = jax.vmap(jax.random.fold_in, (None, 0))(round_key, ids)
-            cstates, uploads, _ = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
-                keys, cstates, broadcast, clients, k)
-            server, broadcast, _ = sampler.server_step(jax.random.fold_in(round_key, b), server, uploads,
-                                                       jnp.ones((b,), bool), k)
+            cstates, uploads, _ = rnd.client_round(sampler, chain_key, k, cstates, broadcast, clients, ids, everyone)
+            server, broadcast, _ = rnd.server_round(sampler, chain_key, k, server, uploads, everyone, b)
             return (server, broadcast, cstates), server
 
         _, states = jax.lax.scan(one, (server, broadcast, cstates), jnp.arange(rounds))
         return server, states
 
-    keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(chains, dtype=jnp.uint32))
-    first, states = jax.jit(jax.vmap(chain))(keys)
+    first, states = jax.jit(jax.vmap(chain))(rnd.chain_keys(seed, np.arange(chains)))
     return jax.tree_util.tree_map(np.asarray, first), jax.tree_util.tree_map(np.asarray, states)
 
 

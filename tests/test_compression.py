@@ -53,11 +53,17 @@ def _test_vector(d: int = 50) -> np.ndarray:
     return (rng.permutation(mags) * signs).astype(np.float32)
 
 
+def roundtrip(compressor, key, v, state):
+    """``apply`` then the receiver's ``decode``: ``(v_hat, state, info)``."""
+    message, state, info = compressor.apply(key, v, state)
+    return compressor.decode(message), state, info
+
+
 def _mc_samples(compressor, v, n=N_MC, seed=0):
     """n independent compressions of v (vmap over keys, jitted) as float64 numpy."""
     state = compressor.init(jnp.asarray(v))
     keys = jax.random.split(jax.random.key(seed), n)
-    apply = jax.jit(jax.vmap(compressor.apply, in_axes=(0, None, None)))
+    apply = jax.jit(jax.vmap(lambda k, x, st: roundtrip(compressor, k, x, st), in_axes=(0, None, None)))
     v_hat, _, info = apply(keys, jnp.asarray(v), state)
     return np.asarray(v_hat, dtype=np.float64), np.asarray(info.bits)
 
@@ -169,7 +175,7 @@ def test_quantize_non_finite_input_gives_nan_and_zero_levels():
         v[3] = bad
         norm, levels = quantize(jax.random.key(0), v, 16)
         assert not np.isfinite(norm) and np.all(np.asarray(levels) == 0)
-        v_hat, _, info = jax.jit(c.apply)(jax.random.key(0), jnp.asarray(v), c.init(v))
+        v_hat, _, info = jax.jit(lambda *a: roundtrip(c, *a))(jax.random.key(0), jnp.asarray(v), c.init(v))
         assert np.all(np.isnan(np.asarray(v_hat))) and int(info.bits) == 2 + 32 + 1
         for s in (None, 16):
             data, nbits = encode_qsgd(norm, levels, s, return_bits=True)
@@ -192,8 +198,9 @@ def test_identity_is_exact_and_counts_32_bits_per_coordinate():
     v = jnp.asarray(_test_vector())
     state = c.init(v, 3)
     assert state == ()
-    v_hat, state2, info = jax.jit(c.apply)(jax.random.key(0), v, state)
-    np.testing.assert_array_equal(np.asarray(v_hat), np.asarray(v))
+    message, state2, info = jax.jit(c.apply)(jax.random.key(0), v, state)
+    np.testing.assert_array_equal(np.asarray(message), np.asarray(v))
+    np.testing.assert_array_equal(np.asarray(c.decode(message)), np.asarray(v))
     assert state2 == ()
     assert info.bits.dtype == jnp.int32 and int(info.bits) == 32 * v.size
     assert c.omega(50) == 0.0 and c.name == "identity"
@@ -207,7 +214,7 @@ def test_identity_is_exact_and_counts_32_bits_per_coordinate():
 def test_zero_vector_maps_to_zero_with_finite_bits():
     c = quantization(16)
     v = jnp.zeros(50, jnp.float32)
-    v_hat, _, info = jax.jit(c.apply)(jax.random.key(0), v, c.init(v))
+    v_hat, _, info = jax.jit(lambda *a: roundtrip(c, *a))(jax.random.key(0), v, c.init(v))
     assert np.all(np.asarray(v_hat) == 0) and np.all(np.isfinite(np.asarray(v_hat)))
     assert int(info.bits) == 2 + 32 + 1  # sparse mode, omega(0 + 1) = "0"
     norm, levels = quantize(jax.random.key(0), v, 16)
@@ -219,12 +226,9 @@ def test_zero_vector_maps_to_zero_with_finite_bits():
 
 @pytest.mark.parametrize("spec", [[1, 7, 2**16, 2**24], 7])
 def test_apply_under_scan_and_double_vmap_matches_wire_format(spec):
-    """apply inside lax.scan with vmap over chains and clients: the bits it reports are
-    the encoder's, and the server-side numpy decode reproduces v_hat bit for bit.
-
-    The (norm, levels) pair is taken from the same compiled program as apply: a float32
-    norm computed in a different program may differ in the last bit (reduction order).
-    """
+    """apply inside lax.scan with vmap over chains and clients: the bits it reports are the
+    encoder's length for its message, and the numpy decode of the encoded message reproduces
+    the compressor's own decode bit for bit."""
     num_chains, d, steps = 2, 20, 4
     num_clients = len(spec) if isinstance(spec, list) else 3
     all_levels = spec if isinstance(spec, list) else [spec] * num_clients
@@ -233,13 +237,12 @@ def test_apply_under_scan_and_double_vmap_matches_wire_format(spec):
     states = jax.vmap(lambda i: c.init(v[0, 0], i))(jnp.arange(num_clients))
     np.testing.assert_array_equal(np.asarray(states.levels), all_levels)
     apply = jax.vmap(jax.vmap(c.apply, in_axes=(0, 0, 0)), in_axes=(0, 0, None))
-    quant = jax.vmap(jax.vmap(quantize, in_axes=(0, 0, 0)), in_axes=(0, 0, None))
 
     def body(carry, key):
         keys = jax.random.split(key, num_chains * num_clients).reshape(num_chains, num_clients)
-        v_hat, _, info = apply(keys, carry, states)
-        norm, levels = quant(keys, carry, states.levels)
-        return carry, (v_hat, info.bits, norm, levels)
+        message, _, info = apply(keys, carry, states)
+        v_hat = jax.vmap(jax.vmap(c.decode))(message)
+        return carry, (v_hat, info.bits, message.norm, message.signed_levels)
 
     _, (v_hats, bits, norms, levels) = jax.jit(
         lambda k: jax.lax.scan(body, v, jax.random.split(k, steps))

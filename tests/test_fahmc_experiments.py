@@ -20,30 +20,66 @@ def reproduce(tmp_path, name, *sets):
     return json.loads((tmp_path / name / "results.json").read_text())
 
 
-REFERENCE = ("reference_samples=400", "reference_warmup=300", "reference_chains=2")
+# a tiny logistic problem, in process: d = 3, 40 points on 4 clients
+TINY = dict(dim=3, num_points=40, num_clients=4)
 
 
-def test_fahmc_vs_fald(tmp_path):
-    r = reproduce(tmp_path, "fahmc-vs-fald", "step_sizes=0.1,0.3", "tuned_k=3", "rounds=30", "burn_in=10",
-                  "num_chains=4", *REFERENCE)
-    for setting in ("exact", "noisy"):
-        for method in ("FA-HMC", "FA-LD", "De-biased FA-HMC", "Centralised uHMC"):
-            assert 0 < r["best_me"][setting][method] < 5
-    assert {x["num_leapfrog"] for x in r["runs"] if x["method"] == "FA-LD"} == {1}
-    assert (tmp_path / "fahmc-vs-fald" / "me_vs_step_size.png").stat().st_size > 0
-    assert (tmp_path / "fahmc-vs-fald" / "posterior.nc").exists()
-    assert {x["setting"] for x in r["runs"]} == {"exact", "noisy"}
+def stand_in_reference(cfg, model, data):
+    """Gaussian draws in place of the NUTS reference (whose compilation alone takes longer than these
+    smoke tests may; the reference itself is tested in test_metrics_reference.py)."""
+    from fedmcmc.reference import ReferenceSamples
+
+    draws = 0.5 * np.random.default_rng(0).standard_normal((2, 300, model.dim))
+    return ReferenceSamples(draws, 1.0, 600.0, 0, np.ones(2), 0.0, True)
 
 
-def test_fahmc_local_steps(tmp_path):
-    r = reproduce(tmp_path, "fahmc-local-steps", "local_steps=1,3", "rounds=12", "num_chains=4",
-                  "gaussian_local_steps=1,10,200", "gaussian_rounds=1500", *REFERENCE)
-    assert set(r["local_steps"]) == {"1", "3"}
+def test_fahmc_vs_fald(tmp_path, monkeypatch):
+    from fedmcmc.experiments import fahmc_vs_fald, fahmc_vs_fald_d10
+
+    monkeypatch.setattr(fahmc_vs_fald, "logistic_reference", stand_in_reference)
+    # the paper's K = floor(pi / (3 eta)) below eta = 0.01 (K = 104 at 0.01, spanning rounds of T = 10), tuned above
+    assert fahmc_vs_fald.leapfrog_grid(0.01, [3, 10]) == [104]
+    assert fahmc_vs_fald.leapfrog_grid(0.05, [1, 3, 10, 50]) == [3, 10, 20]
+    # Fig. 1(d) is the same study at d = 10 with noisy gradients only
+    d10 = fahmc_vs_fald_d10.FULL
+    assert d10["dim"] == 10 and d10["gradients"] == ["noisy"] and fahmc_vs_fald.FULL["dim"] == 1000
+    cfg = dict(fahmc_vs_fald.FULL, **TINY, gradients=["noisy"], step_sizes=[0.2], tuned_k=[], rounds=30, burn_in=10,
+               num_chains=4, chain_groups=2)
+    r = fahmc_vs_fald.compare(cfg, tmp_path / "out", quick=True, progress=False, resume=False, name="tiny")
+    runs = {(x["method"], x["num_leapfrog"]) for x in r["runs"]}
+    assert runs == {("FA-LD", 1), ("FA-HMC", 5)} and r["settings"]["clock"] == "leapfrog"
+    for x in r["runs"]:
+        # the group mean is over groups half the pool's size: finite samples raise ME
+        assert np.isclose(np.mean(x["me_groups"]), x["me"]) and x["me_se"] > 0 and x["me"] > x["me_pooled"] > 0
+    assert r["me_floor"]["group"] > r["me_floor"]["pooled"] > 0  # fewer draws, higher floor
+    gain = r["summary"]["noisy"]["gain_by_step_size"]["0.2"]
+    assert np.isclose(gain["difference"], r["by_step_size"]["noisy"]["FA-LD"]["0.2"]["me"]
+                      - r["by_step_size"]["noisy"]["FA-HMC"]["0.2"]["me"])
+    assert (tmp_path / "out" / "me_vs_step_size.png").stat().st_size > 0
+
+
+def test_fahmc_local_steps(tmp_path, monkeypatch):
+    from fedmcmc.experiments import fahmc_local_steps, fahmc_vs_fald
+
+    # one cached NUTS reference (keyed by data and settings) serves both d = 1000 studies
+    assert all(fahmc_local_steps.FULL[k] == fahmc_vs_fald.FULL[k] for k in fahmc_local_steps._PROBLEM)
+    monkeypatch.setattr(fahmc_local_steps, "logistic_reference", stand_in_reference)
+    settings = dict(TINY, local_steps=[4], leapfrog_budget=40, min_rounds=1, max_rounds=30, num_leapfrog=6,
+                    step_size=0.1, eps=[0.6, 0.3, 0.05], curve_points=8, gaussian_local_steps=[1, 10, 200],
+                    gaussian_rounds=1500)
+    # every T gets the same leapfrog budget (40 steps here), within [min_rounds, max_rounds]
+    assert [fahmc_local_steps.rounds_for(t, dict(settings, sample_every=1)) for t in (1, 4, 70)] == [30, 10, 1]
+    assert fahmc_local_steps.rounds_for(70, dict(settings, sample_every=1, min_rounds=5)) == 5
+    r = fahmc_local_steps.run(tmp_path / "out", quick=True, progress=False, settings=settings)
+    v = r["local_steps"]["4"]
+    reach = [v["rounds_to_reach"][str(e)] for e in settings["eps"]]
+    assert reach == sorted(reach) and np.isfinite(reach[0])  # a smaller eps is never reached earlier
+    assert np.all(np.diff(v["curve"]["rounds"]) > 0) and v["curve"]["rounds"][-1] == v["rounds"] == 10
+    assert v["curve"]["me"][-1] == v["final_me"] < v["curve"]["me"][0]  # the online ME falls as samples come
     g = r["gaussian_exact"]
     # the exact U-curve: more local steps save rounds until client drift puts the floor above eps
     assert g["10"]["rounds_to_eps"] < g["1"]["rounds_to_eps"]
-    assert g["200"]["rounds_to_eps"] == "inf" and g["200"]["stationary_w2_squared"] > 0.1
-    assert (tmp_path / "fahmc-local-steps" / "rounds_vs_local_steps.png").exists()
+    assert g["200"]["rounds_to_eps"] == float("inf") and g["200"]["stationary_w2_squared"] > 0.1
 
 
 def test_list_settings_are_checked():

@@ -6,10 +6,12 @@ import json
 import tomllib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fedmcmc import config
+from fedmcmc.compression import quantization
 from fedmcmc.flower.runtime import LocalTransport, ServerRuntime
 from fedmcmc.flower.wire import MalformedUpload, decode_upload, encode_upload
 from fedmcmc.simulator import simulate
@@ -87,10 +89,21 @@ def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_p
 def test_wire_rejects_malformed_uploads():
     like = [jax.ShapeDtypeStruct((4,), np.float32)]
     v = np.array([1.0, -2.0, 0.5, 0.0], np.float32)
-    enc = encode_upload([v], [])
+    enc = encode_upload([v])
     out, bits = decode_upload(enc.codecs, enc.blobs, like, 1e8)
     np.testing.assert_array_equal(out[0], v)
     assert bits == enc.bits == 128
+    # a compressor's message travels whole, as its QSGD code, and comes back field for field
+    q = quantization(16)
+    message, _, info = q.apply(jax.random.key(0), jnp.asarray(v), q.init(v))
+    message_like = [jax.eval_shape(lambda: message)]
+    enc = encode_upload([jax.tree_util.tree_map(np.asarray, message)])
+    fields, bits = decode_upload(enc.codecs, enc.blobs, message_like, 1e8)
+    assert enc.codecs == ["qsgd/16"] and bits == enc.bits == int(info.bits)
+    for got, want in zip(fields, message):
+        np.testing.assert_array_equal(got, np.asarray(want))
+    with pytest.raises(MalformedUpload):  # a message must come as its code, not as floats
+        decode_upload(["f32"], [encode_upload([v]).blobs[0]], message_like, 1e8)
     bad = [(["f32"], [b"\x00" * 12]),                                  # wrong length
            (["f32"], [np.array([np.nan, 0, 0, 0], np.float32).tobytes()]),  # NaN
            (["f32"], [np.array([1e9, 0, 0, 0], np.float32).tobytes()]),     # absurd norm

@@ -1,22 +1,31 @@
-"""A run never hangs: the default paths, watched from outside one long-lived process."""
+"""A run never hangs: the default paths, watched from outside one long-lived process. The same
+process fingerprints every sampler's draws, which must match ``golden/samples.json``: the record
+that a refactoring changes no sample (regenerate with ``FEDMCMC_WRITE_GOLDEN=1`` only when a law
+changes on purpose, and say so in the commit)."""
 
+import json
 import os
+import platform
 import queue
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import jax
+import jaxlib
+import numpy as np
 import pytest
 
 HERE = Path(__file__).parent
+GOLDEN = HERE / "golden" / "samples.json"
 STEP_TIMEOUT = 120  # seconds without progress that count as a hang (a step compiles in about 3 s)
 
 
-def test_nothing_hangs_in_one_long_lived_process():
-    """find_mode, NUTS, then every sampler and surrogate kind in this process and in worker
-    processes (``long_lived.py``), in ONE process watched from outside: a step without progress
-    for STEP_TIMEOUT seconds fails, naming it."""
+@pytest.fixture(scope="module")
+def long_lived() -> list[str]:
+    """The lines printed by ``long_lived.py``, watched from outside: a step without progress for
+    STEP_TIMEOUT seconds fails, naming it."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, str(HERE / "long_lived.py")], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
@@ -40,5 +49,43 @@ def test_nothing_hangs_in_one_long_lived_process():
             os.killpg(proc.pid, 9)
         proc.wait()
     assert proc.returncode == 0 and log[-1].strip() == "ALL DONE", "".join(log[-30:])
+    return log
+
+
+def test_nothing_hangs_in_one_long_lived_process(long_lived):
+    """find_mode, NUTS, then every sampler and surrogate kind in this process and in worker
+    processes, in ONE process: each step ends, and the process exits cleanly."""
+    steps = [line for line in long_lived if line.startswith("DONE ")]
+    assert len(steps) == sum(line.startswith("START ") for line in long_lived) > 18
+
+
+def _platform() -> str:
+    """The CPU model and the JAX build: what decides whether XLA's bits can differ."""
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+              if line.startswith("model name")]
+    return f"{platform.machine()} {models[0] if models else platform.processor()} jax {jax.__version__} " \
+           f"jaxlib {jaxlib.__version__}"
+
+
+def test_every_samplers_draws_match_the_golden_record(long_lived):
+    """Every sampler's 4-chain draws (two worker processes) hash to the recorded value. On another
+    platform or JAX version bits may legitimately differ, so there the sums are compared at 1e-5."""
+    found = {}
+    for line in long_lived:
+        if line.startswith("SAMPLES "):
+            _, name, digest, total = line.split()
+            found[name] = {"sha256": digest, "sum": float(total)}
+    if os.environ.get("FEDMCMC_WRITE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps({"platform": _platform(), "samples": found}, indent=1, sort_keys=True) + "\n")
+    golden = json.loads(GOLDEN.read_text())
+    assert sorted(found) == sorted(golden["samples"])
+    if golden["platform"] == _platform():
+        changed = [n for n in found if found[n]["sha256"] != golden["samples"][n]["sha256"]]
+        assert not changed, f"draws changed bit for bit: {changed}"
+    else:
+        for name, record in golden["samples"].items():
+            np.testing.assert_allclose(found[name]["sum"], record["sum"], rtol=1e-5, err_msg=name)
 
 

@@ -112,7 +112,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch)
     kwargs = dict(num_chains=3, burn_in=10, thinning=2, chunk_size=10, statistic=jnp.linalg.norm)
     full = simulate(7, sampler, DATA, THETA0, 60, **kwargs)
 
-    real_save = simulate_mod._save_npz
+    real_save = simulate_mod.save_npz
     calls = {"n": 0}
 
     def crashing_save(path, **arrays):
@@ -121,10 +121,10 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch)
         if calls["n"] == 5:  # chunk 0, state, chunk 1, state, chunk 2 written: die before its state
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(simulate_mod, "_save_npz", crashing_save)
+    monkeypatch.setattr(simulate_mod, "save_npz", crashing_save)
     with pytest.raises(KeyboardInterrupt):
         simulate(7, sampler, DATA, THETA0, 60, out_dir=tmp_path, **kwargs)
-    monkeypatch.setattr(simulate_mod, "_save_npz", real_save)
+    monkeypatch.setattr(simulate_mod, "save_npz", real_save)
     resumed = simulate(7, sampler, DATA, THETA0, 60, out_dir=tmp_path, resume=True, **kwargs)
     for field in ("samples", "bits_up", "bits_down", "active", "statistics", "total_bits_up"):
         np.testing.assert_array_equal(getattr(resumed, field), getattr(full, field), err_msg=field)

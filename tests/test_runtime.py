@@ -57,7 +57,7 @@ def test_a_run_resumes_with_another_number_of_workers(problem, tmp_path, monkeyp
     sampler, d = catalog["qlsd++"]
     kwargs = dict(num_chains=4, burn_in=4, thinning=2, chunk_size=4)
     full = fedmcmc.simulate(7, sampler, d, np.zeros(model.dim), 16, **kwargs)
-    real_save, calls = simulator._save_npz, {"n": 0}
+    real_save, calls = simulator.save_npz, {"n": 0}
 
     def crashing_save(path, **arrays):
         real_save(path, **arrays)
@@ -65,10 +65,10 @@ def test_a_run_resumes_with_another_number_of_workers(problem, tmp_path, monkeyp
         if calls["n"] == 3:  # chunk 0, its state, chunk 1 written: die before the state
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(simulator, "_save_npz", crashing_save)
+    monkeypatch.setattr(simulator, "save_npz", crashing_save)
     with pytest.raises(KeyboardInterrupt):
         fedmcmc.simulate(7, sampler, d, np.zeros(model.dim), 16, out_dir=tmp_path, workers=2, **kwargs)
-    monkeypatch.setattr(simulator, "_save_npz", real_save)
+    monkeypatch.setattr(simulator, "save_npz", real_save)
     resumed = fedmcmc.simulate(7, sampler, d, np.zeros(model.dim), 16, out_dir=tmp_path, resume=True, **kwargs)
     np.testing.assert_array_equal(resumed.samples, full.samples)
     np.testing.assert_array_equal(resumed.total_bits_up, full.total_bits_up)

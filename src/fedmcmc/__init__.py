@@ -3,7 +3,8 @@
 from fedmcmc.base import ClientData, Compressor, FederatedSampler, Model, Participation
 from fedmcmc.data.federated import FederatedData, from_clients
 from fedmcmc.cpu import tune as tune_cpu
-from fedmcmc.simulator import DivergenceError, SimulationResult, simulate
+from fedmcmc.runtime.records import DivergenceError, SimulationResult
+from fedmcmc.simulator import simulate
 
 __version__ = "0.1.0"
 

@@ -96,16 +96,20 @@ class CompressionInfo(NamedTuple):
 
 
 class Compressor(NamedTuple):
-    """An unbiased compression operator, Optax-shaped.
+    """An unbiased compression operator that owns its message, Optax-shaped.
 
     ``init(v_like, index) -> state`` builds the state of client ``index``;
-    ``apply(key, v, state) -> (v_hat, state, CompressionInfo)`` with E[v_hat] = v and
-    E||v_hat - v||^2 <= omega ||v||^2; ``omega(d)`` gives omega for vectors of dimension
-    ``d`` (a scalar, or an array over clients for per-client compressors).
+    ``apply(key, v, state) -> (message, state, CompressionInfo)`` compresses ``v`` into the
+    message a client uploads (a pytree of arrays; ``CompressionInfo.bits`` is its encoded
+    length); ``decode(message) -> v_hat`` is what the receiver computes, with E[v_hat] = v
+    and E||v_hat - v||^2 <= omega ||v||^2, and must give 0 for an all-zero message (the
+    runtimes hold zeros for inactive clients); ``omega(d)`` gives omega for vectors of
+    dimension ``d`` (a scalar, or an array over clients for per-client compressors).
     """
 
     init: Callable[..., Any]
     apply: Callable[..., tuple]
+    decode: Callable[[Any], Any]
     omega: Callable[[int], Any]
     name: str = "compressor"
 

@@ -59,7 +59,7 @@ def _workers_option(parser) -> None:
 
 
 def _list() -> None:
-    from fedmcmc import config, experiments
+    from fedmcmc import config, experiments, problems
 
     print("experiments (fedmcmc reproduce NAME [--quick]):")
     for name, module in sorted(experiments.EXPERIMENTS.items()):
@@ -68,8 +68,8 @@ def _list() -> None:
     for name, text in config.SAMPLERS.items():
         print(f"  {name:24s} {text}")
     print("problems ([problem] name in a run config):")
-    for name, text in config.PROBLEMS.items():
-        print(f"  {name:24s} {text}")
+    for name in problems.PROBLEMS:
+        print(f"  {name:24s} {problems.summary(name)}")
 
 
 def _main(args) -> int:
@@ -122,7 +122,7 @@ def _main(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     args = _parser().parse_args(argv)
-    from fedmcmc.simulator import DivergenceError
+    from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.workers import WorkerError
 
     try:

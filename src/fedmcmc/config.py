@@ -39,11 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from fedmcmc import diagnostics, gradients, io, surrogates
+from fedmcmc import diagnostics, gradients, io, problems, surrogates
 from fedmcmc.compression import resolve_compressor
-from fedmcmc.data.synthetic import heterogeneous_gaussian, heterogeneous_local_posteriors
-from fedmcmc.models.gaussian import (gaussian_factors, gaussian_factors_posterior, gaussian_mean,
-                                     gaussian_mean_posterior)
 from fedmcmc.participation import resolve_participation
 from fedmcmc.samplers import (cg_dsgld, dg_sgld, dsgld, fa_hmc, fedavg, lsd_pp, lsd_star, psgld, qlsd_pp, qlsd_sharp,
                               qlsd_star, sgld)
@@ -71,22 +68,12 @@ _BASELINE_KEYS = {
     "dg-sgld": ({"rho", "num_local_steps", "prior_step_size"}, {"participation"}),
     "fedavg": ({"local_steps"}, {"compression", "participation"}),
 }
-PROBLEMS = {
-    "heterogeneous-gaussian": "Gaussian mean, heterogeneous clients, flat prior; exact posterior (QLSD Sec. 4)",
-    "heterogeneous-local-posteriors": "half the clients N(20, I), half N(1, 4 I) locally; exact posterior (FA-HMC Sec. 5.2)",
-    "gaussian-blobs": "10 shards of 200 points around centres uniform in [-6, 6]^2, prior N(0, 5 I); exact posterior (FSGLD Sec. 5.1)",
-}
-_PROBLEM_KEYS = {
-    "heterogeneous-gaussian": {"name", "seed", "num_clients", "dim", "min_size", "max_size", "mean_spread"},
-    "heterogeneous-local-posteriors": {"name", "num_clients", "dim"},
-    "gaussian-blobs": {"name", "data_seed", "num_shards", "points_per_shard"},
-}
 _FA_KEYS = {"num_leapfrog", "local_steps", "correlation", "gradient_noise", "debiased", "clock", "momentum_sync"}
 _DSGLD_KEYS = {"local_steps", "record_every", "shard_probs"}
 _CG_KEYS = {"surrogate", "surrogate_covariance", "alpha", "surrogate_step_size", "surrogate_steps", "surrogate_burn_in"}
 _SURROGATES = ("taylor", "laplace", "sgld")
 _SECTIONS = {
-    "problem": set().union(*_PROBLEM_KEYS.values()),
+    "problem": {"name"}.union(*(problems.settings(name) for name in problems.PROBLEMS)),
     "sampler": {"name", "step_size", "batch_size", "batch_fraction", "compression", "participation",
                 "refresh_every", "memory", "memory_rate", "memory_update"} | _FA_KEYS | _DSGLD_KEYS | _CG_KEYS
                | {"beta", "lam", "rho", "num_local_steps", "prior_step_size"},
@@ -127,12 +114,12 @@ def validate(cfg: dict) -> None:
     if extra:
         raise ConfigError(f"unknown section(s) {sorted(extra)}; allowed: {sorted(_SECTIONS) + sorted(_OPTIONAL)}")
     name = cfg["problem"].get("name")
-    if name not in PROBLEMS:
-        raise ConfigError(f"unknown problem {name!r}; available: {', '.join(PROBLEMS)}")
-    unknown = set(cfg["problem"]) - _PROBLEM_KEYS[name]
+    if name not in problems.PROBLEMS:
+        raise ConfigError(f"unknown problem {name!r}; available: {', '.join(problems.PROBLEMS)}")
+    unknown = set(cfg["problem"]) - {"name"} - set(problems.settings(name))
     if unknown:
         raise ConfigError(f"unknown key(s) {sorted(unknown)} for problem {name!r}; allowed: "
-                          f"{sorted(_PROBLEM_KEYS[name])}")
+                          f"{sorted({'name', *problems.settings(name)})}")
     sampler = str(cfg["sampler"].get("name", "")).lower()
     if sampler not in SAMPLERS and sampler not in ("qlsd", "fsgld"):
         raise ConfigError(f"unknown sampler {cfg['sampler'].get('name')!r}; available: {', '.join(SAMPLERS)}")
@@ -199,12 +186,8 @@ def validate(cfg: dict) -> None:
             raise ConfigError(f"[run] needs {key}")
 
 
-def build(cfg: dict, compressor_hook=None) -> dict[str, Any]:
-    """Turn a validated config into data, model, sampler and run settings.
-
-    ``compressor_hook(compressor) -> compressor``, if given, wraps the configured compressor
-    (the Flower runtime uses it to see the compressor's encoded message, see
-    :mod:`fedmcmc.flower.wire`)."""
+def build(cfg: dict) -> dict[str, Any]:
+    """Turn a validated config into data, model, sampler and run settings."""
     p = dict(cfg["problem"])
     problem = p.pop("name")
     for key, value in p.items():
@@ -212,18 +195,7 @@ def build(cfg: dict, compressor_hook=None) -> dict[str, Any]:
             raise ConfigError(f"[problem] {key} must be a non-negative number (got {value!r})")
     if p.get("min_size", 10) >= p.get("max_size", 200) or p.get("num_clients", 20) < 1 or p.get("dim", 50) < 1:
         raise ConfigError("[problem] needs num_clients >= 1, dim >= 1 and min_size < max_size")
-    if problem == "gaussian-blobs":
-        from fedmcmc.experiments.cgdsgld_gaussian_mean import FULL, blobs_problem
-
-        data, model, exact = blobs_problem({**FULL, **p})
-    elif problem == "heterogeneous-local-posteriors":
-        data = heterogeneous_local_posteriors(p.get("dim", 50), p.get("num_clients", 10))
-        model = gaussian_factors(p.get("dim", 50))
-        exact = gaussian_factors_posterior(data)
-    else:
-        data = heterogeneous_gaussian(**p)
-        model = gaussian_mean(data.x.shape[-1])
-        exact = gaussian_mean_posterior(data)
+    data, model, exact = problems.PROBLEMS[problem](**p)
 
     s = dict(cfg["sampler"])
     name = s.pop("name").lower()
@@ -234,8 +206,6 @@ def build(cfg: dict, compressor_hook=None) -> dict[str, Any]:
     if fraction is not None:
         batch = np.maximum((np.asarray(data.counts) * fraction).astype(int), 1)
     compressor = resolve_compressor(s.pop("compression", None))
-    if compressor_hook is not None:
-        compressor = compressor_hook(compressor)
     part = resolve_participation(s.pop("participation", None))
     refresh = s.pop("refresh_every", 100)
     memory = s.pop("memory", True)

@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from fedmcmc.simulator import SimulationResult
+from fedmcmc.runtime.records import SimulationResult
 
 
 def _arviz():

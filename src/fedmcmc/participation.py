@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedmcmc import checks
 from fedmcmc.base import Participation
 
 SCALINGS = ("active", "inverse_probability")
@@ -57,8 +58,7 @@ def bernoulli(probs: float | Sequence[float], scaling: str = "active") -> Partic
             f"participation probabilities must lie in (0, 1] (got {np.asarray(probs).tolist()}); "
             "use 1.0 for full participation"
         )
-    if scaling not in SCALINGS:
-        raise ValueError(f"unknown participation scaling {scaling!r}; choose one of {SCALINGS}")
+    checks.choice("participation scaling", scaling, SCALINGS)
     p32 = jnp.asarray(p, jnp.float32)
 
     def sample(key, num_clients):
@@ -86,9 +86,7 @@ def categorical(probs: Sequence[float]) -> Participation:
     The shard schedule of distributed SGLD (Ahn et al. 2014; El Mekkaoui et al. 2021): a chain
     visits one shard at a time. ``max_active = 1`` lets the simulator run only that client.
     """
-    f = np.asarray(probs, dtype=np.float64)
-    if f.ndim != 1 or f.size < 1 or not np.all(np.isfinite(f)) or np.any(f <= 0) or abs(f.sum() - 1) > 1e-6:
-        raise ValueError(f"shard probabilities must be positive and sum to 1, one per client (got {probs!r})")
+    f = checks.per_client("shard probabilities", probs, sums_to_one=True)
     logits = jnp.asarray(np.log(f), jnp.float32)
 
     def sample(key, num_clients):

@@ -1,17 +1,10 @@
 """The vectorised runtime: clients under ``vmap``, rounds in ``lax.scan``, chains under ``vmap``.
 
-Keys (the same in every runtime, so that runs are reproducible bit for bit)::
-
-    chain key   = fold_in(key(seed), chain)
-    init key    = fold_in(chain key, 0)        client i: fold_in(init key, i); server: fold_in(init key, b)
-    setup key   = fold_in(init key, b + 1)     client i: fold_in(setup key, i); server: fold_in(setup key, b)
-    round key k = fold_in(chain key, k + 1)    client i: fold_in(round key, i); server: fold_in(round key, b)
-    participation key = fold_in(round key, b + 1)
-
-A run goes in chunks of a fixed number of rounds (compiled once). After each chunk the
-draws are appended to ``out_dir`` and the full state is checkpointed, so a run that was
-killed resumes from its last completed chunk (``resume=True``) and gives exactly the
-samples of an uninterrupted run.
+A round is :mod:`fedmcmc.runtime.round` (which holds the key schedule, the same in every
+runtime). A run goes in chunks of a fixed number of rounds (compiled once). After each chunk
+the draws are appended to ``out_dir`` and the full state is checkpointed
+(:mod:`fedmcmc.runtime.records`), so a run that was killed resumes from its last completed
+chunk (``resume=True``) and gives exactly the samples of an uninterrupted run.
 
 Chains run in blocks (:class:`Chains`): one block in this process by default, or one block
 per worker process after :func:`fedmcmc.tune_cpu` (:mod:`fedmcmc.workers`). A block derives
@@ -21,7 +14,6 @@ its chains' keys from their global indices, so the split never changes a sample.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections import OrderedDict
@@ -34,70 +26,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc import cpu
-from fedmcmc.cpu import materialize
 from fedmcmc.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
+from fedmcmc.runtime import round as rnd
+from fedmcmc.runtime.records import (DivergenceError, SimulationResult, assemble, check_finite, fingerprint,
+                                     save_npz)
+from fedmcmc.runtime.round import chain_keys
+
+__all__ = ["Chains", "DivergenceError", "SimulationResult", "chain_keys", "simulate"]
 
 _LO_BITS = 20  # bit counters are kept as (hi, lo) int32 pairs: exact up to 2**51
-
-
-class DivergenceError(RuntimeError):
-    """A chain reached NaN or inf."""
-
-    def __init__(self, iteration: int, chains: list[int]):
-        self.iteration = iteration
-        self.chains = chains
-        super().__init__(
-            f"the run diverged (NaN/inf in chain(s) {chains[:5]}) by iteration {iteration}: "
-            "lower the step size"
-        )
-
-
-class SimulationResult(NamedTuple):
-    """What a run returns (numpy arrays).
-
-    Attributes
-    ----------
-    samples
-        ``[chain, draw, d]``: the server's parameter after each kept round, or, for a
-        sampler with ``m = draws_per_round > 1``, the ``m`` draws of each kept round.
-    draw_iterations
-        ``[draw]``: the round count (1-based) at which each draw was taken; draw ``j`` of
-        ``m`` in round ``k`` sits at ``k - 1 + (j + 1) / m``.
-    bits_up, bits_down, active
-        ``[chain, draw]``: bits uploaded and downloaded, and client participations, summed
-        over the rounds since the previous draw (with ``m > 1``, a round's counts sit on its
-        last draw).
-    statistics
-        ``[chain, iteration, ...]`` values of ``statistic(theta)`` at every round after burn-in
-        (unthinned), or None.
-    total_bits_up, total_bits_down
-        ``[chain]``: totals over the whole run, burn-in and setup exchange included.
-    num_iterations, burn_in, thinning
-        The run's settings.
-    wall_seconds
-        Time spent running rounds (compilation included), summed over resumed sessions.
-    draws_per_round
-        ``m``, the sampler's draws per round.
-    setup_bits_up, setup_bits_down
-        ``[chain]``: bits of the setup exchange before round 1 (zero without one).
-    """
-
-    samples: np.ndarray
-    draw_iterations: np.ndarray
-    bits_up: np.ndarray
-    bits_down: np.ndarray
-    active: np.ndarray
-    statistics: np.ndarray | None
-    total_bits_up: np.ndarray
-    total_bits_down: np.ndarray
-    num_iterations: int
-    burn_in: int
-    thinning: int
-    wall_seconds: float
-    draws_per_round: int = 1
-    setup_bits_up: np.ndarray | None = None
-    setup_bits_down: np.ndarray | None = None
 
 
 class _Carry(NamedTuple):
@@ -121,14 +59,6 @@ def _acc(hi, lo, x):
 
 def _total(hi, lo) -> np.ndarray:
     return np.asarray(hi, np.int64) * (1 << _LO_BITS) + np.asarray(lo, np.int64)
-
-
-def _select(mask, new, old):
-    def pick(n, o):
-        m = mask.reshape(mask.shape + (1,) * (n.ndim - mask.ndim))
-        return jnp.where(m, n, o)
-
-    return jax.tree_util.tree_map(pick, new, old)
 
 
 _BUILT: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -158,30 +88,22 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
         max_active = None  # nothing to save
 
     def chain_init(chain_key, theta0):
-        init_key = jax.random.fold_in(chain_key, 0)
-        server_state, broadcast = sampler.init(jax.random.fold_in(init_key, b), theta0)
-        keys = jax.vmap(jax.random.fold_in, (None, 0))(init_key, ids)
-        client_states = jax.vmap(sampler.client_init, (0, None, 0))(keys, broadcast, clients)
+        server_state, broadcast = rnd.server_init(sampler, chain_key, theta0, b)
+        client_states = rnd.client_init(sampler, chain_key, broadcast, clients, ids)
         setup_up, setup_down = jnp.zeros((b,), jnp.int32), jnp.zeros((), jnp.int32)
         if sampler.setup is not None:
-            setup_key = jax.random.fold_in(init_key, b + 1)
-            keys = jax.vmap(jax.random.fold_in, (None, 0))(setup_key, ids)
-            client_states, uploads, cinfo = jax.vmap(sampler.setup.client, (0, 0, None, 0))(
-                keys, client_states, broadcast, clients)
-            server_state, message, sinfo = sampler.setup.server(jax.random.fold_in(setup_key, b), server_state,
-                                                                uploads)
-            client_states = jax.vmap(sampler.setup.receive, (0, None))(client_states, message)
+            client_states, uploads, cinfo = rnd.setup_clients(sampler, chain_key, client_states, broadcast, clients,
+                                                              ids, b)
+            server_state, message, sinfo = rnd.setup_server(sampler, chain_key, server_state, uploads, b)
+            client_states = rnd.setup_receive(sampler, client_states, message)
             setup_up, setup_down = cinfo.bits.astype(jnp.int32), jnp.asarray(sinfo.broadcast_bits, jnp.int32)
         return _Carry(server_state, broadcast, client_states), (setup_up, setup_down)
 
     def chain_round(chain_key, carry: _Carry, k):
-        round_key = jax.random.fold_in(chain_key, k + 1)
-        mask = sampler.participation.sample(jax.random.fold_in(round_key, b + 1), b)
-        keys = materialize(jax.vmap(jax.random.fold_in, (None, 0))(round_key, ids))
-        step = jax.vmap(sampler.client_step, (0, 0, None, 0, None))
+        mask = rnd.participation(sampler, chain_key, k, b)
         if max_active is None:
-            new_cs, uploads, cinfo = step(keys, carry.client_states, carry.broadcast, clients, k)
-            client_states = _select(mask, new_cs, carry.client_states)
+            client_states, uploads, cinfo = rnd.client_round(sampler, chain_key, k, carry.client_states,
+                                                             carry.broadcast, clients, ids, mask)
         else:
             # Only the (at most max_active) active clients compute, with the keys, states and data
             # of the dense path; index b marks an empty slot, read clamped and written nowhere.
@@ -189,12 +111,13 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
             take = partial(jax.tree_util.tree_map, lambda a: a[jnp.minimum(idx, b - 1)])
             scatter = partial(jax.tree_util.tree_map,
                               lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"))
-            new_cs, sub_up, sub_info = step(take(keys), take(carry.client_states), carry.broadcast, take(clients), k)
+            keys = take(rnd.client_keys(chain_key, k, ids))
+            new_cs, sub_up, sub_info = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
+                keys, take(carry.client_states), carry.broadcast, take(clients), k)
             client_states = jax.tree_util.tree_map(lambda a, n: a.at[idx].set(n, mode="drop"),
                                                    carry.client_states, new_cs)
             uploads, cinfo = scatter(sub_up), scatter(sub_info)
-        server_state, broadcast, sinfo = sampler.server_step(
-            jax.random.fold_in(round_key, b), carry.server_state, uploads, mask, k)
+        server_state, broadcast, sinfo = rnd.server_round(sampler, chain_key, k, carry.server_state, uploads, mask, b)
         n_active = jnp.sum(mask.astype(jnp.int32))
         bits_up = jnp.sum(jnp.where(mask, cinfo.bits, 0).astype(jnp.int32))
         bits_down = n_active * sinfo.broadcast_bits
@@ -238,11 +161,6 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
         return jax.vmap(statistic)(carry.server_state.position)
 
     return jax.vmap(chain_init), run_chunk
-
-
-def chain_keys(seed: int, chains) -> jax.Array:
-    """``[len(chains), 2]`` keys of the chains with these global indices: ``fold_in(key(seed), c)``."""
-    return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.asarray(chains, jnp.uint32))
 
 
 class Chains:
@@ -311,17 +229,6 @@ def _each(blocks, method: str, args):
     for block in blocks:
         block.submit(method, *args(block))
     return [block.result() for block in blocks]
-
-
-def _fingerprint(**settings) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _save_npz(path: Path, **arrays):
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
 
 
 def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, num_iterations: int, *,
@@ -395,7 +302,7 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         blocks = [Chains(sampler, data, statistic, seed, range(num_chains), theta0)]
     setup_bits = tuple(np.concatenate(parts) for parts in zip(*(block.setup_bits for block in blocks)))
     m = int(sampler.draws_per_round)
-    fingerprint = _fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,
+    run_fingerprint = fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,
                                d=int(theta0.shape[1]), chains=num_chains, iterations=num_iterations,
                                burn_in=burn_in, thinning=thinning, chunk=chunk_size,
                                theta0=hashlib.sha256(theta0.tobytes()).hexdigest())
@@ -408,7 +315,7 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         state_path = chunk_dir / "state.npz"
         if resume and state_path.exists():
             saved = np.load(state_path)
-            if str(saved["fingerprint"]) != fingerprint:
+            if str(saved["fingerprint"]) != run_fingerprint:
                 raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
                                  "use another --out folder or drop --resume")
             leaves = [saved[f"leaf{i}"] for i in range(sum(name.startswith("leaf") for name in saved.files))]
@@ -437,10 +344,7 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
             out = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
             positions = out["positions"]  # [chains, rounds, m, d]
             wall += time.perf_counter() - start
-            if not np.all(np.isfinite(positions)):
-                bad = ~np.all(np.isfinite(positions), axis=(-2, -1))  # [chains, rounds]
-                first = int(np.argmax(bad.any(axis=0)))
-                raise DivergenceError(done + (first + 1) * thinning, np.flatnonzero(bad.any(axis=1)).tolist())
+            check_finite(positions, done + np.arange(1, length // thinning + 1) * thinning)
             # Only what is kept goes to disk: draws and statistics after burn-in, bit counts always.
             kept_draws = done + np.arange(1, length // thinning + 1) * thinning > burn_in
             kept = positions[:, kept_draws]
@@ -451,9 +355,9 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
             pieces.append(piece)
             done += length
             if chunk_dir is not None:
-                _save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **piece)
+                save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **piece)
                 leaves = [np.concatenate(x) for x in zip(*_each(blocks, "state", lambda block: ()))]
-                _save_npz(chunk_dir / "state.npz", fingerprint=np.asarray(fingerprint), done=np.asarray(done),
+                save_npz(chunk_dir / "state.npz", fingerprint=np.asarray(run_fingerprint), done=np.asarray(done),
                           wall=np.asarray(wall), num_chunks=np.asarray(len(pieces)),
                           **{f"leaf{i}": x for i, x in enumerate(leaves)})
             if bar is not None:
@@ -462,44 +366,4 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         if bar is not None:
             bar.close()
 
-    return _assemble(pieces, num_iterations, burn_in, thinning, statistic is not None, wall, m, setup_bits)
-
-
-def _assemble(pieces, num_iterations, burn_in, thinning, has_stats, wall, m, setup_bits) -> SimulationResult:
-    def cat(name):
-        return np.concatenate([p[name] for p in pieces], axis=1)
-
-    rounds = np.arange(1, num_iterations // thinning + 1) * thinning
-    keep = rounds > burn_in
-    up, down, active = cat("up"), cat("down"), cat("active")
-
-    def per_draw(a):
-        """Per-round counts as per-draw counts: on the last draw of each round, 0 on the others."""
-        a = a[:, keep]
-        if m == 1:
-            return a
-        out = np.zeros(a.shape[:1] + (a.shape[1], m), a.dtype)
-        out[..., -1] = a
-        return out.reshape(a.shape[0], -1)
-
-    if m == 1:
-        draw_iterations = rounds[keep]
-    else:  # draw j of round k sits at k - 1 + (j + 1) / m
-        draw_iterations = (rounds[keep, None] - 1 + np.arange(1, m + 1) / m).ravel()
-    return SimulationResult(
-        samples=cat("positions"),
-        draw_iterations=draw_iterations,
-        bits_up=per_draw(up),
-        bits_down=per_draw(down),
-        active=per_draw(active),
-        statistics=cat("stats") if has_stats else None,
-        total_bits_up=up.sum(axis=1) + setup_bits[0],
-        total_bits_down=down.sum(axis=1) + setup_bits[1],
-        num_iterations=num_iterations,
-        burn_in=burn_in,
-        thinning=thinning,
-        wall_seconds=wall,
-        draws_per_round=m,
-        setup_bits_up=setup_bits[0],
-        setup_bits_down=setup_bits[1],
-    )
+    return assemble(pieces, num_iterations, burn_in, thinning, statistic is not None, wall, m, setup_bits)

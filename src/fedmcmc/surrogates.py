@@ -64,6 +64,40 @@ def matvec(precision, theta):
     return precision * theta if precision.ndim == theta.ndim else precision @ theta
 
 
+def symmetric(precision):
+    """A full precision made exactly symmetric, ``(L + L^T) / 2`` (the matrix that
+    ``grad log q`` uses: the gradient of ``theta^T L theta / 2`` is the symmetric part's);
+    a diagonal one as it is. An eigendecomposition product ``V diag(l) V^T`` is symmetric
+    only up to rounding."""
+    return precision if precision.ndim == 1 else 0.5 * (precision + precision.T)
+
+
+class Packed(NamedTuple):
+    """A symmetric ``[d, d]`` matrix on the wire: its ``d (d + 1) / 2`` entries on and above
+    the diagonal, row by row."""
+
+    upper: Array
+
+
+def pack(q: GaussianSurrogate) -> GaussianSurrogate:
+    """The surrogate as it travels: a full precision as :class:`Packed` (what
+    :func:`surrogate_bits` counts), a diagonal one as it is."""
+    if q.diagonal:
+        return q
+    rows, cols = np.triu_indices(q.shift.shape[-1])
+    return GaussianSurrogate(Packed(q.precision[rows, cols]), q.shift)
+
+
+def unpack(q: GaussianSurrogate) -> GaussianSurrogate:
+    """Inverse of :func:`pack` (exact: entries are copied, not computed)."""
+    if not isinstance(q.precision, Packed):
+        return q
+    d = q.shift.shape[-1]
+    rows, cols = np.triu_indices(d)
+    upper = jnp.zeros((d, d), q.shift.dtype).at[rows, cols].set(q.precision.upper)
+    return GaussianSurrogate(jnp.where(np.tri(d, dtype=bool), upper.T, upper), q.shift)
+
+
 def product(surrogates: GaussianSurrogate) -> GaussianSurrogate:
     """``q = prod_s q_s`` of surrogates stacked on a leading shard axis: natural parameters add."""
     return GaussianSurrogate(jnp.sum(surrogates.precision, axis=0), jnp.sum(surrogates.shift, axis=0))
@@ -103,7 +137,7 @@ def _expansion(log_density, theta, covariance: str, min_precision: float) -> Gau
         precision = jnp.maximum(jnp.diag(precision), min_precision)
     else:
         values, vectors = jnp.linalg.eigh(0.5 * (precision + precision.T))
-        precision = (vectors * jnp.maximum(values, min_precision)) @ vectors.T
+        precision = symmetric((vectors * jnp.maximum(values, min_precision)) @ vectors.T)
     return GaussianSurrogate(precision, grad + matvec(precision, theta))
 
 
@@ -189,7 +223,7 @@ def sgld_moments(step_size: float, num_steps: int, burn_in: int, covariance: str
         else:
             cov = (outer - n * jnp.outer(mean_c, mean_c)) / (n - 1)
             values, vectors = jnp.linalg.eigh(0.5 * (cov + cov.T))
-            precision = (vectors / jnp.maximum(values, min_variance)) @ vectors.T
+            precision = symmetric((vectors / jnp.maximum(values, min_variance)) @ vectors.T)
         mean = theta0 + mean_c
         return GaussianSurrogate(precision, matvec(precision, mean))
 

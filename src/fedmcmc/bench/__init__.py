@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmcmc import cpu, gradients, io
+from fedmcmc import cpu, gradients, io, problems
 from fedmcmc.bench import numpy_reference
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
@@ -81,9 +81,7 @@ def fa_hmc_rates(chains: int, rounds: int, num_leapfrog: int = 10, local_steps: 
 
 def dsgld_rates(chains: int, rounds: int, local_steps: int = 200) -> dict:
     """Local Langevin steps per second: CG-DSGLD (sparse and dense execution) and centralised SGLD."""
-    from fedmcmc.experiments.cgdsgld_gaussian_mean import FULL, blobs_problem
-
-    data, model, _ = blobs_problem(FULL)
+    data, model, _ = problems.gaussian_blobs()
     f = np.full(data.num_clients, 1.0 / data.num_clients)
     sparse = cg_dsgld(model, f, 1e-4, local_steps, batch_size=10)
     dense = sparse._replace(participation=sparse.participation._replace(max_active=None))

@@ -29,6 +29,7 @@ from fedmcmc.compression.codec import (
 )
 from fedmcmc.compression.identity import identity
 from fedmcmc.compression.quantization import (
+    QSGDMessage,
     QuantizationState,
     dequantize,
     dequantize_np,
@@ -41,6 +42,7 @@ __all__ = [
     "identity",
     "quantization",
     "QuantizationState",
+    "QSGDMessage",
     "quantize",
     "dequantize",
     "dequantize_np",

@@ -20,7 +20,7 @@ def identity() -> Compressor:
     -------
     Compressor
         ``init(v_like, index=0) -> ()``; ``apply(key, v, state) -> (v, state,
-        CompressionInfo(bits=int32(32 * v.size)))``; ``omega(d) -> 0.0``.
+        CompressionInfo(bits=int32(32 * v.size)))``; ``decode(v) -> v``; ``omega(d) -> 0.0``.
     """
 
     def init(v_like: Array, index=0) -> tuple:
@@ -36,4 +36,4 @@ def identity() -> Compressor:
         del d
         return 0.0
 
-    return Compressor(init=init, apply=apply, omega=omega, name="identity")
+    return Compressor(init=init, apply=apply, decode=lambda message: message, omega=omega, name="identity")

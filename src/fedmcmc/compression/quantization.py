@@ -38,6 +38,7 @@ from fedmcmc.types import Array, PRNGKey
 
 __all__ = [
     "QuantizationState",
+    "QSGDMessage",
     "MAX_LEVELS",
     "quantize",
     "dequantize",
@@ -61,6 +62,24 @@ class QuantizationState(NamedTuple):
         Number of quantisation levels ``s`` of this client (int32 scalar).
     """
 
+    levels: Array
+
+
+class QSGDMessage(NamedTuple):
+    """What a quantising client uploads: the QSGD codec encodes exactly this.
+
+    Attributes
+    ----------
+    norm
+        float32 scalar ``||v||_2``.
+    signed_levels
+        int32 array of ``v``'s shape, ``sign(v_i) l_i``.
+    levels
+        int32 scalar ``s``, the sender's number of levels (0 in an empty message).
+    """
+
+    norm: Array
+    signed_levels: Array
     levels: Array
 
 
@@ -134,32 +153,17 @@ def dequantize(norm: Array, signed_levels: Array, s) -> Array:
     ``lax.scan`` and with a compile-time constant ``s``.
     """
     norm = jnp.asarray(norm, dtype=jnp.float32)
-    s_f = jnp.asarray(s).astype(jnp.float32)
+    s_f = jnp.maximum(jnp.asarray(s), 1).astype(jnp.float32)  # an empty message (s = 0, levels 0) decodes to 0
     levels = jnp.asarray(signed_levels).astype(jnp.float32)
     numerator = norm * levels
     divisor = s_f + 0.0 * levels
     return numerator / divisor
 
 
-def quantize_message(key: PRNGKey, v: Array, s) -> tuple[Array, Array, Array, Array]:
-    """One quantised message: ``(v_hat, norm, signed_levels, bits)``.
-
-    ``v_hat = C^(s)(v)`` in ``v``'s float dtype; ``(norm, signed_levels)`` is what the QSGD
-    codec encodes and ``bits`` its exact encoded length. The compressor's ``apply`` and the
-    Flower client (which also needs the message itself) both call this.
-    """
-    v = jnp.asarray(v)
-    norm, signed_levels = quantize(key, v, s)
-    v_hat = dequantize(norm, signed_levels, s)
-    if jnp.issubdtype(v.dtype, jnp.floating):
-        v_hat = v_hat.astype(v.dtype)
-    return v_hat, norm, signed_levels, qsgd_encoded_bits(signed_levels.reshape(-1), s)
-
-
 def dequantize_np(norm, signed_levels, s) -> np.ndarray:
     """Numpy twin of :func:`dequantize`, bit-identical (same float32 operation order)."""
     norm = np.float32(norm)
-    s_f = np.float32(s)
+    s_f = np.float32(max(int(s), 1))
     return norm * np.asarray(signed_levels).astype(np.float32) / s_f
 
 
@@ -248,12 +252,13 @@ def quantization(levels) -> Compressor:
     -------
     Compressor
         ``init(v_like, index=0) -> QuantizationState`` picks client ``index``'s level
-        (``index`` may be traced); ``apply(key, v, state) -> (v_hat, state,
-        CompressionInfo(bits))`` with ``v_hat = dequantize(*quantize(key, v, s), s)`` in
-        ``v``'s float dtype and ``bits = qsgd_encoded_bits(signed_levels, s)``, the
+        (``index`` may be traced); ``apply(key, v, state) -> (QSGDMessage(norm,
+        signed_levels, s), state, CompressionInfo(bits))`` with ``(norm, signed_levels) =
+        quantize(key, v, s)`` and ``bits = qsgd_encoded_bits(signed_levels, s)``, the
         exact unpadded size of the message ``encode_qsgd(norm, signed_levels, s)`` (the
         client's ``s`` enables the fixed-width body, so the receiver decodes with
-        ``decode_qsgd(data, d, s=s)``);
+        ``decode_qsgd(data, d, s=s)``); ``decode(message) = dequantize(norm,
+        signed_levels, s)``, float32;
         ``omega(d)`` is a float for a single level, a numpy array ``[num_clients]`` for
         per-client levels.
 
@@ -282,8 +287,12 @@ def quantization(levels) -> Compressor:
         return QuantizationState(levels=jnp.asarray(table)[index].astype(jnp.int32))
 
     def apply(key: PRNGKey, v: Array, state: QuantizationState):
-        v_hat, _, _, bits = quantize_message(key, v, state.levels)
-        return v_hat, state, CompressionInfo(bits=bits)
+        norm, signed_levels = quantize(key, v, state.levels)
+        bits = qsgd_encoded_bits(signed_levels.reshape(-1), state.levels)
+        return QSGDMessage(norm, signed_levels, state.levels), state, CompressionInfo(bits=bits)
+
+    def decode(message: QSGDMessage) -> Array:
+        return dequantize(message.norm, message.signed_levels, message.levels)
 
     def omega(d: int):
         if per_client:
@@ -294,7 +303,7 @@ def quantization(levels) -> Compressor:
         name = "qsgd-s[" + ",".join(str(s) for s in checked) + "]"
     else:
         name = f"qsgd-s{checked}"
-    return Compressor(init=init, apply=apply, omega=omega, name=name)
+    return Compressor(init=init, apply=apply, decode=decode, omega=omega, name=name)
 
 
 def qsgd_bits_bound(s, d) -> float:

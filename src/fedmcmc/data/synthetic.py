@@ -50,6 +50,20 @@ def heterogeneous_local_posteriors(dim: int, num_clients: int = 10, means=(20.0,
     return from_clients(clients)
 
 
+def gaussian_blobs(seed: int = 666, num_shards: int = 10, points_per_shard: int = 200, centre_range: float = 6.0,
+                   scale: float = 1.0) -> FederatedData:
+    """The Gaussian blobs of El Mekkaoui et al. (UAI 2021, Section 5.1), for a 2-D
+    :func:`~fedmcmc.models.gaussian_mean` (:func:`fedmcmc.problems.gaussian_blobs`).
+
+    Shard ``s`` holds ``points_per_shard`` points ``c_s + scale * N(0, I_2)`` around a centre
+    ``c_s ~ U([-centre_range, centre_range]^2)``; NumPy's generator seeded with ``seed`` draws
+    the centres first, then each shard's points (the seed of the authors' notebook).
+    """
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(-centre_range, centre_range, (num_shards, 2))
+    return from_clients([c + scale * rng.standard_normal((points_per_shard, 2)) for c in centres])
+
+
 def logistic_regression_data(seed: int = 0, dim: int = 10, num_points: int = 1000, num_clients: int = 20,
                              feature_scale: float = 0.1):
     """Simulated logistic-regression data split equally over clients (Liang et al. 2024, Section 5.1).

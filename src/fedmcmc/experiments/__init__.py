@@ -5,13 +5,14 @@ from __future__ import annotations
 from types import ModuleType
 
 from fedmcmc.experiments import (cgdsgld_gaussian_mean, cgdsgld_linear_regression, cgdsgld_mlp, fahmc_dimension,
-                                 fahmc_local_steps, fahmc_logistic, fahmc_mlp, fahmc_vs_fald, qlsd_bnn_heterogeneous,
-                                 qlsd_logistic, qlsd_memory, qlsd_toy_gaussian)
+                                 fahmc_local_steps, fahmc_logistic, fahmc_mlp, fahmc_vs_fald, fahmc_vs_fald_d10,
+                                 qlsd_big_data, qlsd_bnn_heterogeneous, qlsd_logistic, qlsd_memory, qlsd_omega,
+                                 qlsd_toy_gaussian)
 
-EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (qlsd_toy_gaussian, qlsd_memory, qlsd_logistic,
-                                                          qlsd_bnn_heterogeneous, fahmc_vs_fald, fahmc_local_steps,
-                                                          fahmc_dimension, fahmc_logistic, fahmc_mlp,
-                                                          cgdsgld_gaussian_mean,
+EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (qlsd_toy_gaussian, qlsd_omega, qlsd_big_data, qlsd_memory,
+                                                          qlsd_logistic, qlsd_bnn_heterogeneous, fahmc_vs_fald,
+                                                          fahmc_vs_fald_d10, fahmc_local_steps, fahmc_dimension,
+                                                          fahmc_logistic, fahmc_mlp, cgdsgld_gaussian_mean,
                                                           cgdsgld_linear_regression, cgdsgld_mlp)}
 
 

@@ -29,10 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmcmc import io, surrogates
-from fedmcmc.data.federated import from_clients
+from fedmcmc import io, problems, surrogates
 from fedmcmc.experiments.settings import resolve
-from fedmcmc.models import gaussian_mean, gaussian_mean_posterior
 from fedmcmc.samplers import cg_dsgld, dsgld, sgld
 from fedmcmc.simulator import simulate
 
@@ -48,13 +46,7 @@ METHODS = ("DSGLD", "CG-DSGLD")
 
 def blobs_problem(cfg: dict):
     """The shards, the model and the exact posterior."""
-    rng = np.random.default_rng(cfg["data_seed"])
-    r = cfg["centre_range"]
-    centres = rng.uniform(-r, r, (cfg["num_shards"], 2))
-    shards = [c + cfg["blob_scale"] * rng.standard_normal((cfg["points_per_shard"], 2)) for c in centres]
-    data = from_clients(shards)
-    prior_scale = float(np.sqrt(cfg["prior_var"]))
-    return data, gaussian_mean(2, prior_scale=prior_scale), gaussian_mean_posterior(data, prior_scale=prior_scale)
+    return problems.gaussian_blobs(**{k: cfg[k] for k in problems.settings("gaussian-blobs")})
 
 
 def running_mse(samples: np.ndarray, mean: np.ndarray, points: int):

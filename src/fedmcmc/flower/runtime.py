@@ -5,10 +5,9 @@ over a transport (Flower's ``Grid`` in :mod:`fedmcmc.flower.apps`, or direct cal
 :class:`ClientRuntime` runs one client's side on its own data. Messages are dicts of
 ``str``, ``int``, ``bytes`` and lists of them (what a Flower ``ConfigRecord`` carries).
 
-Same samples as :func:`fedmcmc.simulate`: every node runs all chains of its client (chains
-under ``vmap``, the client as a ``vmap`` batch of one) with the simulator's key schedule
-(``fedmcmc.simulator``), and the server stacks the replies into the leading client axis and
-calls the same jitted ``server_step``.
+Same samples as :func:`fedmcmc.simulate`: both call the round of :mod:`fedmcmc.runtime.round`
+(with its key schedule). Every node runs all chains of its client (chains under ``vmap``), and
+the server stacks the replies into the leading client axis and calls the same ``server_step``.
 
 Faults. A client that fails, times out, or sends an upload that :func:`~fedmcmc.flower.wire.decode_upload`
 rejects is inactive for that round (``mask[c, i] = False``, which the sampler's participation
@@ -35,9 +34,10 @@ import numpy as np
 
 from fedmcmc import config as config_lib
 from fedmcmc import cpu
-from fedmcmc.cpu import materialize
-from fedmcmc.flower.wire import MalformedUpload, Tape, decode_upload, encode_upload, pack, unpack
-from fedmcmc.simulator import DivergenceError, _assemble, _fingerprint, _save_npz, _select, chain_keys
+from fedmcmc.flower.wire import MalformedUpload, decode_upload, encode_upload, items, pack, unpack
+from fedmcmc.runtime import round as rnd
+from fedmcmc.runtime.records import assemble, check_finite, fingerprint, save_npz
+from fedmcmc.runtime.round import chain_keys
 
 log = logging.getLogger("fedmcmc.flower")
 
@@ -49,11 +49,11 @@ def config_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def build_problem(cfg_text: str, compressor_hook=None) -> tuple[dict, dict]:
+def build_problem(cfg_text: str) -> tuple[dict, dict]:
     """Parse and build a run config (TOML text): ``(cfg, built)`` as in :mod:`fedmcmc.config`."""
     cfg = tomllib.loads(cfg_text)
     config_lib.validate(cfg)
-    return cfg, config_lib.build(cfg, compressor_hook=compressor_hook)
+    return cfg, config_lib.build(cfg)
 
 
 # --------------------------------------------------------------------------------------
@@ -70,41 +70,29 @@ def _shared_client(cfg_text: str) -> dict:
     key = config_hash(cfg_text)
     if key in _SHARED:
         return _SHARED[key]
-    tape = Tape()
-    cfg, built = build_problem(cfg_text, compressor_hook=tape.wrap)
+    cfg, built = build_problem(cfg_text)
     s, b = built["sampler"], built["data"].num_clients
 
-    def keys(k, ids):
-        return jax.vmap(jax.random.fold_in, (None, 0))(k, ids)
-
     def init(ck, bc, data, ids):
-        return jax.vmap(s.client_init, (0, None, 0))(keys(jax.random.fold_in(ck, 0), ids), bc, data)
-
-    def taped_step(key, cs, bc, d, k):
-        tape.entries = []
-        out = s.client_step(key, cs, bc, d, k)
-        return out + (tape.take(),)
+        return rnd.client_init(s, ck, bc, data, ids)
 
     def step(ck, cs, bc, m, k, data, ids):
-        round_key = jax.random.fold_in(ck, k + 1)
-        new_cs, up, info, taped = jax.vmap(taped_step, (0, 0, None, 0, None))(
-            materialize(keys(round_key, ids)), cs, bc, data, k)
-        return _select(m, new_cs, cs), up, info.bits, taped
+        new_cs, up, info = rnd.client_round(s, ck, k, cs, bc, data, ids, m)
+        return new_cs, up, info.bits
 
     functions = {
         "first": cpu.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1])),
         "init": cpu.jit(jax.vmap(init, (0, 0, None, None))),
         "step": cpu.jit(jax.vmap(step, (0, 0, 0, 0, None, None, None))),
-        "accept": cpu.jit(jax.vmap(_select)),
+        "accept": cpu.jit(jax.vmap(rnd.select)),
     }
     if s.setup is not None:
         def setup(ck, cs, bc, data, ids):
-            setup_key = jax.random.fold_in(jax.random.fold_in(ck, 0), b + 1)
-            return jax.vmap(s.setup.client, (0, 0, None, 0))(keys(setup_key, ids), cs, bc, data)
+            return rnd.setup_clients(s, ck, cs, bc, data, ids, b)
 
         functions["setup"] = cpu.jit(jax.vmap(setup, (0, 0, 0, None, None)))
-        functions["receive"] = cpu.jit(jax.vmap(lambda cs, msg: jax.vmap(s.setup.receive, (0, None))(cs, msg)))
-    _SHARED[key] = {"cfg": cfg, "sampler": s, "tape": tape, "data": built["data"], "dim": built["model"].dim,
+        functions["receive"] = cpu.jit(jax.vmap(partial(rnd.setup_receive, s)))
+    _SHARED[key] = {"cfg": cfg, "sampler": s, "data": built["data"], "dim": built["model"].dim,
                     "functions": functions}
     if len(_SHARED) > 8:
         _SHARED.pop(next(iter(_SHARED)))
@@ -120,7 +108,7 @@ class ClientRuntime:
 
     def __init__(self, cfg_text: str, index: int, data_fn: Callable | None = None):
         shared = _shared_client(cfg_text)
-        self.cfg, self.sampler, self.tape = shared["cfg"], shared["sampler"], shared["tape"]
+        self.cfg, self.sampler = shared["cfg"], shared["sampler"]
         data = shared["data"]
         self.b = data.num_clients
         if not 0 <= index < self.b:
@@ -207,17 +195,16 @@ class ClientRuntime:
             pending = unpack(store["pending"], self.cs_like)
             cs = self.accept(jnp.asarray(accepted), pending, committed)
             bc = unpack(msg["broadcast"], self.bc_like)
-            new_cs, up, bits, taped = self.step(self.chain_keys, cs, bc, jnp.asarray(mask)[:, None], jnp.int32(k))
+            new_cs, up, bits = self.step(self.chain_keys, cs, bc, jnp.asarray(mask)[:, None], jnp.int32(k))
             store.update(committed=pack(cs), pending=pack(new_cs), k=k)
             if state_dir is not None:
                 self._save(state_dir, k, store, int(msg.get("keep", 3)))
             chains = [int(c) for c in np.flatnonzero(mask)]
             reply: dict[str, Any] = {"chains": chains, "bits": [], "wire_bits": []}
-            leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(up)]
-            taped = [tuple(np.asarray(x) for x in t) for t in taped]
+            parts = items(jax.tree_util.tree_map(np.asarray, up))
             bits = np.asarray(bits)
             for c in chains:
-                enc = encode_upload([x[c, 0] for x in leaves], [tuple(x[c, 0] for x in t) for t in taped])
+                enc = encode_upload([jax.tree_util.tree_map(lambda a: a[c, 0], part) for part in parts])
                 reply[f"codecs/{c}"] = enc.codecs
                 for j, blob in enumerate(enc.blobs):
                     reply[f"blob/{c}/{j}"] = blob
@@ -231,7 +218,7 @@ class ClientRuntime:
         rounds more than ``keep`` rounds back are removed (the server's chunk length + 2)."""
         folder = state_dir / f"client{self.index}"
         folder.mkdir(parents=True, exist_ok=True)
-        _save_npz(folder / f"round{k}.npz", committed=np.frombuffer(store["committed"], np.uint8),
+        save_npz(folder / f"round{k}.npz", committed=np.frombuffer(store["committed"], np.uint8),
                   pending=np.frombuffer(store["pending"], np.uint8))
         for old in folder.glob("round*.npz"):
             if int(old.stem[5:]) < k - keep:
@@ -283,22 +270,12 @@ class ServerRuntime:
 
     def _compile(self, data):
         s, b = self.sampler, self.b
-        fold = jax.random.fold_in
-
-        def init(ck, theta0):
-            return s.init(fold(fold(ck, 0), b), theta0)
-
-        def masks(ck, k):
-            return s.participation.sample(fold(fold(ck, k + 1), b + 1), b)
-
-        def step(ck, ss, up, m, k):
-            return s.server_step(fold(fold(ck, k + 1), b), ss, up, m, k)
-
-        self.init = cpu.jit(jax.vmap(init))
-        self.masks = cpu.jit(jax.vmap(masks, (0, None)))
-        self.step = cpu.jit(jax.vmap(step, (0, 0, 0, 0, None)))
+        self.init = cpu.jit(jax.vmap(lambda ck, theta0: rnd.server_init(s, ck, theta0, b)))
+        self.masks = cpu.jit(jax.vmap(lambda ck, k: rnd.participation(s, ck, k, b), (0, None)))
+        self.step = cpu.jit(jax.vmap(lambda ck, ss, up, m, k: rnd.server_round(s, ck, k, ss, up, m, b),
+                                     (0, 0, 0, 0, None)))
         if s.setup is not None:
-            self.setup = cpu.jit(jax.vmap(lambda ck, ss, up: s.setup.server(fold(fold(fold(ck, 0), b + 1), b), ss, up)))
+            self.setup = cpu.jit(jax.vmap(lambda ck, ss, up: rnd.setup_server(s, ck, ss, up, b)))
         d = self.built["model"].dim
         self.theta0 = jnp.zeros((self.C, d), jnp.float32)
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
@@ -307,6 +284,7 @@ class ServerRuntime:
         cs = jax.eval_shape(s.client_init, key, bc, client0)
         up = jax.eval_shape(s.client_step, key, cs, bc, client0, jnp.int32(0))[1]
         self.up_leaves, self.up_treedef = jax.tree_util.tree_flatten(up)
+        self.up_parts = items(up)
         self.ss_like, self.bc_like = jax.eval_shape(self.init, jax.ShapeDtypeStruct((self.C, 2), jnp.uint32),
                                                     self.theta0)
         if s.setup is not None:
@@ -327,7 +305,7 @@ class ServerRuntime:
 
     def run(self, transport: Transport, progress: bool = False):
         """Run (or resume) the rounds; returns the :class:`~fedmcmc.simulator.SimulationResult`."""
-        fingerprint = _fingerprint(runtime="flower", config=config_hash(self.cfg_text), chunk=self.chunk)
+        run_fingerprint = fingerprint(runtime="flower", config=config_hash(self.cfg_text), chunk=self.chunk)
         chunk_dir = self.out_dir / "chunks"
         state_path = chunk_dir / "state.npz"
         pieces, done, wall = [], 0, 0.0
@@ -338,7 +316,7 @@ class ServerRuntime:
         clients = range(self.b)
         if self.resume and state_path.exists():
             with np.load(state_path) as z:
-                if str(z["fingerprint"]) != fingerprint:
+                if str(z["fingerprint"]) != run_fingerprint:
                     raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
                                      "use another --out folder or drop --resume")
                 done, wall = int(z["done"]), float(z["wall"])
@@ -376,9 +354,7 @@ class ServerRuntime:
                 if (t + 1) % self.thinning == 0:
                     pos = np.asarray(server_state.draws if self.sampler.draws_per_round > 1
                                      else server_state.position[:, None])
-                    if not np.all(np.isfinite(pos)):
-                        bad = ~np.all(np.isfinite(pos), axis=(-2, -1))
-                        raise DivergenceError(k + 1, np.flatnonzero(bad).tolist())
+                    check_finite(pos[:, None], [k + 1])
                     positions.append(pos)
                     up.append(window[0].copy()), down.append(window[1].copy()), act.append(window[2].copy())
                     window[:] = 0
@@ -389,15 +365,15 @@ class ServerRuntime:
                      "up": np.stack(up, 1), "down": np.stack(down, 1), "active": np.stack(act, 1)}
             pieces.append(piece)
             done += length
-            _save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **piece)
-            _save_npz(state_path, fingerprint=np.asarray(fingerprint), done=np.asarray(done), wall=np.asarray(wall),
+            save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **piece)
+            save_npz(state_path, fingerprint=np.asarray(run_fingerprint), done=np.asarray(done), wall=np.asarray(wall),
                       num_chunks=np.asarray(len(pieces)), accepted=accepted, setup_up=setup_bits[0],
                       setup_down=setup_bits[1],
                       **{f"ss{i}": np.asarray(x) for i, x in enumerate(jax.tree_util.tree_leaves(server_state))},
                       **{f"bc{i}": np.asarray(x) for i, x in enumerate(jax.tree_util.tree_leaves(broadcast))})
             if progress:
                 log.warning("round %d/%d (%.2f s per round)", done, self.N, wall / max(done, 1))
-        return _assemble(pieces, self.N, self.burn_in, self.thinning, False, wall, int(self.sampler.draws_per_round),
+        return assemble(pieces, self.N, self.burn_in, self.thinning, False, wall, int(self.sampler.draws_per_round),
                          setup_bits)
 
     def _setup(self, transport, server_state, broadcast):
@@ -437,8 +413,8 @@ class ServerRuntime:
                     raise MalformedUpload(f"reply for chains {chains}, expected {np.flatnonzero(mask[:, i]).tolist()}")
                 decoded = []
                 for n, c in enumerate(chains):
-                    blobs = [reply[f"blob/{c}/{j}"] for j in range(len(self.up_leaves))]
-                    values, wire = decode_upload(list(reply[f"codecs/{c}"]), blobs, self.up_leaves,
+                    blobs = [reply[f"blob/{c}/{j}"] for j in range(len(self.up_parts))]
+                    values, wire = decode_upload(list(reply[f"codecs/{c}"]), blobs, self.up_parts,
                                                  float(self.flower["max_upload_norm"]))
                     if wire != int(reply["bits"][n]):
                         self.stats["wire_bits_mismatch"] += 1

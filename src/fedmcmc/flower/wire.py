@@ -1,11 +1,11 @@
 """What travels between the Flower server and the clients, as bytes.
 
-* Uploads travel in the compressor's real encoding: a vector the quantiser produced goes as
-  its QSGD message (:func:`~fedmcmc.compression.encode_qsgd`), any other float32 array as
-  :func:`~fedmcmc.compression.encode_dense` (``32 d`` bits), so the bits counted by the
-  samplers (``info.bits``) are the bits on the wire. The client runs the sampler with a
-  :class:`Tape`-wrapped compressor that performs the same operations as the original one
-  and also hands out ``(norm, signed_levels, s)``, which is what the message encodes.
+* Uploads travel in the compressor's real encoding. An upload holds the compressor's own
+  message (:class:`~fedmcmc.compression.QSGDMessage` from the quantiser), which goes as its
+  QSGD code (:func:`~fedmcmc.compression.encode_qsgd`); any other float32 array goes as
+  :func:`~fedmcmc.compression.encode_dense` (``32 d`` bits). So the bits counted by the
+  samplers (``info.bits``) are the bits on the wire, and the server decodes the message
+  with the sampler's own ``server_step``.
 * Broadcasts, masks and client states are arrays written with :func:`pack` (``.npz``).
 * :func:`decode_upload` validates every field before the server uses it: undecodable bytes,
   a wrong length or shape, a wrong codec, NaN/inf or an absurd norm raise
@@ -21,45 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.base import CompressionInfo, Compressor
-from fedmcmc.compression import decode_dense, decode_qsgd, dequantize_np, encode_dense, encode_qsgd
+from fedmcmc.compression import QSGDMessage, decode_dense, decode_qsgd, dequantize_np, encode_dense, encode_qsgd
 from fedmcmc.compression.codec import qsgd_encoded_bits
-from fedmcmc.compression.quantization import MAX_LEVELS, QuantizationState, quantize_message
+from fedmcmc.compression.quantization import MAX_LEVELS
 
 
 class MalformedUpload(ValueError):
     """An upload the server refuses to apply."""
-
-
-class Tape:
-    """Records what a quantising compressor encodes, while computing exactly what it computes.
-
-    ``wrap(compressor)`` returns a compressor whose ``apply`` runs the quantiser's own
-    :func:`~fedmcmc.compression.quantization.quantize_message`, so samples are unchanged bit
-    for bit, and appends the traced ``(v_hat, norm, signed_levels, s)`` to :attr:`entries`.
-    Other compressors are left as they are (their output is sent dense). ``compressor.apply``
-    must be called at the top level of ``client_step`` (not inside ``lax.cond``/``scan``), as
-    every sampler of the library does.
-    """
-
-    def __init__(self):
-        self.entries: list[tuple] = []
-
-    def wrap(self, compressor: Compressor) -> Compressor:
-        original = compressor.apply
-
-        def apply(key, v, state):
-            if not isinstance(state, QuantizationState):
-                return original(key, v, state)
-            v_hat, norm, signed_levels, bits = quantize_message(key, v, state.levels)
-            self.entries.append((v_hat, norm, signed_levels, state.levels))
-            return v_hat, state, CompressionInfo(bits=bits)
-
-        return compressor._replace(apply=apply)
-
-    def take(self) -> tuple:
-        out, self.entries = tuple(self.entries), []
-        return out
 
 
 def pack(tree) -> bytes:
@@ -93,23 +61,26 @@ class Encoded(NamedTuple):
     bits: int  # exact unpadded bits on the wire
 
 
-def encode_upload(leaves: list[np.ndarray], tape: list[tuple]) -> Encoded:
-    """Encode the arrays of one upload; ``tape`` is the chain's ``(v_hat, norm, levels, s)``
-    entries: an array equal bit for bit to a taped ``v_hat`` goes as its QSGD message."""
+def items(tree) -> list:
+    """The parts of an upload that travel as one message each: compressor messages whole,
+    other arrays one by one (the order of :func:`jax.tree_util.tree_leaves` within each)."""
+    return jax.tree_util.tree_flatten(tree, is_leaf=lambda x: isinstance(x, QSGDMessage))[0]
+
+
+def encode_upload(parts: list) -> Encoded:
+    """Encode the parts (:func:`items`) of one upload for one chain."""
     codecs, blobs, bits = [], [], 0
-    unused = list(tape)
-    for leaf in leaves:
-        leaf = np.asarray(leaf)
-        match = next((t for t in unused if np.asarray(t[0]).shape == leaf.shape
-                      and np.asarray(t[0]).tobytes() == leaf.tobytes()), None)
-        if match is not None:
-            unused.remove(match)
-            s = int(match[3])
-            blob, n = encode_qsgd(np.float32(match[1]), np.asarray(match[2]).reshape(-1), s, return_bits=True)
+    for part in parts:
+        if isinstance(part, QSGDMessage):
+            s = int(part.levels)
+            blob, n = encode_qsgd(np.float32(part.norm), np.asarray(part.signed_levels).reshape(-1), s,
+                                  return_bits=True)
             codecs.append(f"qsgd/{s}")
             blobs.append(blob)
             bits += int(n)
-        elif leaf.dtype == np.float32:
+            continue
+        leaf = np.asarray(part)
+        if leaf.dtype == np.float32:
             codecs.append("f32")
             blobs.append(encode_dense(leaf.reshape(-1)))
             bits += 32 * leaf.size
@@ -121,9 +92,11 @@ def encode_upload(leaves: list[np.ndarray], tape: list[tuple]) -> Encoded:
 
 
 def decode_upload(codecs, blobs, like: list, max_norm: float) -> tuple[list[np.ndarray], int]:
-    """Decode and validate one upload against the expected arrays ``like`` (shape, dtype).
+    """Decode and validate one upload against its expected parts ``like`` (:func:`items` of
+    the upload's shapes: a :class:`~fedmcmc.compression.QSGDMessage` or an array each).
 
-    Returns the arrays and the exact number of bits they took on the wire.
+    Returns the upload's leaves (a message's three fields in place of the message) and the
+    exact number of bits they took on the wire.
 
     Raises
     ------
@@ -135,22 +108,25 @@ def decode_upload(codecs, blobs, like: list, max_norm: float) -> tuple[list[np.n
         raise MalformedUpload(f"upload has {len(blobs)} arrays, expected {len(like)}")
     out, bits = [], 0
     for j, (codec, blob, ref) in enumerate(zip(codecs, blobs, like)):
-        shape, dtype = tuple(ref.shape), np.dtype(ref.dtype)
+        message = isinstance(ref, QSGDMessage)
+        ref = ref.signed_levels if message else ref
+        shape, dtype = tuple(ref.shape), np.dtype(np.float32 if message else ref.dtype)
         size = int(np.prod(shape, dtype=np.int64))
         if not isinstance(blob, (bytes, bytearray)):
             raise MalformedUpload(f"array {j}: expected bytes, got {type(blob).__name__}")
         try:
-            if codec.startswith("qsgd/") and dtype == np.float32:
+            if codec.startswith("qsgd/") and message:
                 s = int(codec[5:])
                 if not 1 <= s <= MAX_LEVELS:
                     raise ValueError(f"number of levels {s} out of range")
                 norm, levels = decode_qsgd(bytes(blob), size, s=s)
+                fields = [np.float32(norm), levels.astype(np.int32).reshape(shape), np.int32(s)]
                 value = dequantize_np(norm, levels, s).reshape(shape)
                 bits += _qsgd_bits(levels, s)
-            elif codec == "f32" and dtype == np.float32:
+            elif codec == "f32" and dtype == np.float32 and not message:
                 value = decode_dense(bytes(blob), size).reshape(shape)
                 bits += 32 * size
-            elif codec == "raw" and dtype != np.float32:
+            elif codec == "raw" and dtype != np.float32 and not message:
                 if len(blob) != size * dtype.itemsize:
                     raise ValueError(f"{len(blob)} bytes for {size} values of {dtype}")
                 value = np.frombuffer(bytes(blob), dtype.newbyteorder("<")).astype(dtype).reshape(shape)
@@ -165,7 +141,10 @@ def decode_upload(codecs, blobs, like: list, max_norm: float) -> tuple[list[np.n
             norm = float(np.linalg.norm(value.astype(np.float64).ravel()))
             if norm > max_norm:
                 raise MalformedUpload(f"array {j}: norm {norm:.3g} exceeds max_upload_norm {max_norm:.3g}")
-        out.append(value)
+        if message:
+            out.extend(fields)
+        else:
+            out.append(value)
     return out, bits
 
 

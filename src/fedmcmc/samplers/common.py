@@ -43,19 +43,6 @@ def float_bits(tree) -> Array:
     return jnp.asarray(32 * sum(int(jnp.size(x)) for x in jax.tree_util.tree_leaves(tree)), jnp.int32)
 
 
-def check_step_size(step_size: Schedule) -> Schedule:
-    """Reject a constant step size that is not a finite positive number."""
-    if callable(step_size):
-        return step_size
-    try:
-        value = float(step_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"step_size must be a positive number or a schedule (got {step_size!r})") from None
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"step_size must be > 0 (got {step_size!r}); the papers use values like 1e-4")
-    return value
-
-
 def langevin_update(key, model: Model, position, drift, step_size):
     """One unadjusted Langevin move on the server:
 

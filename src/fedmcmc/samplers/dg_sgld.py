@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc import gradients, participation as participation_lib
+from fedmcmc import checks, gradients, participation as participation_lib
 from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, float_bits
 
@@ -82,13 +82,6 @@ class QuadraticPrior(NamedTuple):
 
     precision: np.ndarray
     shift: np.ndarray
-
-
-def _positive_per_client(value, label: str) -> np.ndarray:
-    arr = np.atleast_1d(np.asarray(value, dtype=np.float64))
-    if arr.ndim != 1 or arr.size < 1 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"{label} must be a positive number or one per client (got {value!r})")
-    return arr
 
 
 def quadratic_prior(model: Model, seed: int = 0) -> QuadraticPrior | None:
@@ -152,15 +145,15 @@ def dg_sgld(model: Model, rho, step_size, num_local_steps=1, batch_size=None, nu
         ``h > 0``: draw ``theta`` with one Langevin step of size ``h`` instead of exactly;
         required when the prior is not Gaussian or flat.
     """
-    rho_np = _positive_per_client(rho, "rho (the tolerance)")
-    gamma_np = _positive_per_client(step_size, "step_size (the client step gamma)")
+    rho_np = checks.per_client("rho (the tolerance)", rho)
+    gamma_np = checks.per_client("step_size (the client step gamma)", step_size)
     steps_np = np.atleast_1d(np.asarray(num_local_steps))
     if (steps_np.ndim != 1 or steps_np.size < 1 or not np.issubdtype(steps_np.dtype, np.number)
             or np.any(steps_np != np.round(steps_np)) or np.any(steps_np < 1)):
         raise ValueError(f"num_local_steps must be a positive integer or one per client (got {num_local_steps!r})")
     steps_np = steps_np.astype(np.int32)
-    if num_clients is not None and (int(num_clients) != num_clients or num_clients < 1):
-        raise ValueError(f"num_clients must be a positive integer (got {num_clients!r})")
+    if num_clients is not None:
+        checks.positive_int("num_clients", num_clients)
     participation = participation_lib.full() if participation is None else participation
     b = per_client_count(rho_np, gamma_np, steps_np, batch_size, known=(num_clients, participation.num_clients))
     if b is None:
@@ -188,12 +181,7 @@ def dg_sgld(model: Model, rho, step_size, num_local_steps=1, batch_size=None, nu
         shift32 = jnp.asarray(prior.shift, jnp.float32)
         diagonal = prior.precision.ndim == 1
     else:
-        try:
-            h = float(prior_step_size)
-        except (TypeError, ValueError):
-            raise ValueError(f"prior_step_size must be a number > 0 (got {prior_step_size!r})") from None
-        if not (np.isfinite(h) and h > 0):
-            raise ValueError(f"prior_step_size must be a number > 0 (got {prior_step_size!r})")
+        h = checks.positive("prior_step_size", prior_step_size)
         if h * total_inv_rho >= 2.0:
             raise ValueError(f"prior_step_size h = {h:g} is unstable: h * sum_i 1 / rho_i = {h * total_inv_rho:g} "
                              "must be < 2 (and well below 1 for accuracy)")

@@ -27,7 +27,8 @@ cancel it too when the prior is Gaussian, since the prior shares add up to the p
 **Communication.** Each round is one visit: the server sends ``theta`` (32 bits a
 coordinate) and the shard returns the visit's draws, the last of which is the new ``theta``.
 CG-DSGLD starts with a setup exchange: every shard fits ``q_s`` and uploads it once, the
-server sends ``q`` to every shard once (:func:`fedmcmc.surrogates.surrogate_bits` each way).
+server sends ``q`` to every shard once (:func:`fedmcmc.surrogates.surrogate_bits` each way: a
+full precision travels as its upper triangle, :func:`fedmcmc.surrogates.pack`).
 
 **Draws.** The chain's samples are its local iterates, every ``record_every`` local steps
 (El Mekkaoui et al. keep every 100th). With ``record_every < L`` a round yields
@@ -43,9 +44,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc import gradients, participation as participation_lib, surrogates as surrogates_lib
+from fedmcmc import checks, gradients, participation as participation_lib, surrogates as surrogates_lib
 from fedmcmc.base import FederatedSampler, Model, Setup, per_client_count
-from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, check_step_size, float_bits
+from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, float_bits
 from fedmcmc.types import resolve_schedule
 
 
@@ -78,15 +79,6 @@ class CGClientState(NamedTuple):
     share: Any
     surrogate: Any
     conducive: ConduciveTerm
-
-
-def resolve_probs(probs) -> np.ndarray:
-    """Validate shard probabilities ``f_s``: positive, finite, summing to 1."""
-    f = np.atleast_1d(np.asarray(probs, dtype=np.float64))
-    if f.ndim != 1 or f.size < 1 or not np.all(np.isfinite(f)) or np.any(f <= 0) or abs(f.sum() - 1) > 1e-6:
-        raise ValueError(f"shard probabilities f_s must be positive and sum to 1, one per shard (got {probs!r}); "
-                         "use FederatedData.weights for N_s / N or np.full(S, 1 / S)")
-    return f
 
 
 def conducive_term(q: surrogates_lib.GaussianSurrogate, q_s: surrogates_lib.GaussianSurrogate, f_s) -> ConduciveTerm:
@@ -129,19 +121,17 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
     alpha
         ``alpha > 0``, the scale of the conducive gradient (CG-DSGLD only).
     """
-    step_size = check_step_size(step_size)
-    f_np = resolve_probs(probs)
-    if int(local_steps) != local_steps or local_steps < 1:
-        raise ValueError(f"local_steps must be a positive integer (got {local_steps!r})")
-    local_steps = int(local_steps)
+    step_size = checks.step_size(step_size)
+    f_np = checks.per_client("shard probabilities f_s", probs, sums_to_one=True,
+                             hint="; use FederatedData.weights for N_s / N or np.full(S, 1 / S)")
+    local_steps = checks.positive_int("local_steps", local_steps)
     record_every = local_steps if record_every is None else record_every
     if int(record_every) != record_every or record_every < 1 or local_steps % int(record_every):
         raise ValueError(f"record_every ({record_every!r}) must be a positive divisor of local_steps "
                          f"({local_steps}); thin across visits with the runtime's thinning instead")
     record_every = int(record_every)
     num_draws = local_steps // record_every
-    if not (np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be > 0 (got {alpha!r}); it scales the conducive gradient")
+    alpha = checks.positive("alpha", alpha, "; it scales the conducive gradient")
     conducive = surrogate is not None
     if name is None:
         name = "cg-dsgld" if conducive else "dsgld"
@@ -195,14 +185,16 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
     if conducive:
         def setup_client(key, client_state, broadcast, client_data):
             q_s = surrogate(key, model, client_data, broadcast.position, client_state.share)
-            return client_state._replace(surrogate=q_s), q_s, ClientInfo(bits=_bits(q_s))
+            return client_state._replace(surrogate=q_s), surrogates_lib.pack(q_s), ClientInfo(bits=_bits(q_s))
 
         def setup_server(key, server_state, uploads):
             del key
-            q = surrogates_lib.product(uploads)
-            return server_state, q, ServerInfo(step_size=jnp.zeros((), jnp.float32), broadcast_bits=_bits(q))
+            q = surrogates_lib.product(jax.vmap(surrogates_lib.unpack)(uploads))
+            return (server_state, surrogates_lib.pack(q),
+                    ServerInfo(step_size=jnp.zeros((), jnp.float32), broadcast_bits=_bits(q)))
 
-        def receive(client_state, q):
+        def receive(client_state, message):
+            q = surrogates_lib.unpack(message)
             return client_state._replace(conducive=conducive_term(q, client_state.surrogate, client_state.share))
 
         setup = Setup(setup_client, setup_server, receive)

@@ -114,10 +114,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc import gradients, participation as participation_lib
+from fedmcmc import checks, gradients, participation as participation_lib
 from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.common import ClientInfo, ServerInfo, check_step_size, float_bits
+from fedmcmc.samplers.common import ClientInfo, ServerInfo, float_bits
 from fedmcmc.types import resolve_schedule
 
 _SEED_BITS = 64  # the shared momentum seed is one PRNG key: two uint32
@@ -178,7 +178,7 @@ class FAClientState(NamedTuple):
 
 
 class FAUpload(NamedTuple):
-    """A client's upload: its (compressed) change, its new anchor gradient (or ``()``), and its
+    """A client's upload: the compressor's message of its change, its new anchor gradient (or ``()``), and its
     change of momentum (``momentum_sync="average"`` with trajectories across synchronisations
     only; else ``()``)."""
 
@@ -256,22 +256,10 @@ def leapfrog(grad, key, theta, momentum, evaluation, step_size, num_steps: int):
     return jax.lax.fori_loop(0, num_steps, step, (theta, momentum, evaluation))
 
 
-def resolve_weights(weights) -> np.ndarray:
-    """Validate client weights ``w_c``: positive, finite, summing to 1."""
-    w = np.atleast_1d(np.asarray(weights, dtype=np.float64))
-    if w.ndim != 1 or w.size < 1 or not np.all(np.isfinite(w)) or np.any(w <= 0):
-        raise ValueError(f"client weights must be positive numbers, one per client (got {weights!r}); "
-                         "use FederatedData.weights for n_c / n")
-    if abs(w.sum() - 1.0) > 1e-6:
-        raise ValueError(f"client weights must sum to 1 (they sum to {w.sum():.6g}); use n_c / n")
-    return w
-
-
 def steps_per_round(num_leapfrog: int, local_steps: int, clock: str) -> int:
     """Leapfrog steps per round: ``T`` on the leapfrog clock, ``K T`` on the trajectory clock."""
-    if clock not in CLOCKS:
-        raise ValueError(f"unknown clock {clock!r}: choose \"leapfrog\" (T counts leapfrog steps, the paper's "
-                         "experiments) or \"trajectory\" (T counts trajectories of K steps, Algorithm 3)")
+    checks.choice("clock", clock, CLOCKS, ': "leapfrog" (T counts leapfrog steps, the paper\'s experiments) or '
+                  '"trajectory" (T counts trajectories of K steps, Algorithm 3)')
     return local_steps * num_leapfrog if clock == "trajectory" else local_steps
 
 
@@ -341,20 +329,15 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
         weighted average (``d`` more floats up and down per round). No effect, and nothing
         sent, when every round starts a trajectory (``K`` divides the steps per round).
     """
-    step_size = check_step_size(step_size)
-    w_np = resolve_weights(weights)
-    for label, value in (("num_leapfrog", num_leapfrog), ("local_steps", local_steps)):
-        if int(value) != value or value < 1:
-            raise ValueError(f"{label} must be a positive integer (got {value!r})")
-    num_leapfrog, local_steps = int(num_leapfrog), int(local_steps)
+    step_size = checks.step_size(step_size)
+    w_np = checks.client_weights(weights)
+    num_leapfrog = checks.positive_int("num_leapfrog", num_leapfrog)
+    local_steps = checks.positive_int("local_steps", local_steps)
     steps = steps_per_round(num_leapfrog, local_steps, clock)
-    if momentum_sync not in MOMENTUM_SYNCS:
-        raise ValueError(f"unknown momentum_sync {momentum_sync!r}: choose \"local\" (each client keeps its "
-                         "momentum) or \"average\" (momenta averaged with the positions)")
-    if not 0.0 <= float(correlation) <= 1.0:
-        raise ValueError(f"correlation rho must lie in [0, 1] (got {correlation!r})")
-    if not (np.isfinite(gradient_noise) and gradient_noise >= 0):
-        raise ValueError(f"gradient_noise must be a standard deviation >= 0 (got {gradient_noise!r})")
+    checks.choice("momentum_sync", momentum_sync, MOMENTUM_SYNCS, ': "local" (each client keeps its momentum) or '
+                  '"average" (momenta averaged with the positions)')
+    correlation = checks.unit_interval("correlation rho", correlation)
+    gradient_noise = checks.non_negative("gradient_noise", gradient_noise, " (a standard deviation)")
     compressor = identity() if compressor is None else compressor
     participation = participation_lib.full() if participation is None else participation
     oracle = gradients.minibatch_gradient(model, batch_size)
@@ -442,7 +425,7 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
             return run(start, length, eta_at(counter + j), (theta, p, m))
 
         theta, p, _ = jax.lax.fori_loop(0, count, trajectory, carry)
-        delta, comp_state, cinfo = compressor.apply(key_comp, theta - theta0, client_state.compressor)
+        message, comp_state, cinfo = compressor.apply(key_comp, theta - theta0, client_state.compressor)
         bits = cinfo.bits
         anchor = ()
         if debiased:
@@ -453,11 +436,11 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
             momentum_up = p - p0
             bits = bits + float_bits(momentum_up)
         state = FAClientState(comp_state, anchor, p if keep_momentum else ())
-        return state, FAUpload(delta, anchor, momentum_up), ClientInfo(bits=bits)
+        return state, FAUpload(message, anchor, momentum_up), ClientInfo(bits=bits)
 
     def server_step(key, server_state, uploads, mask, k):
         a = participation.weights(mask) * w_all
-        position = server_state.position + jnp.tensordot(a, uploads.delta, axes=1)
+        position = server_state.position + jnp.tensordot(a, jax.vmap(compressor.decode)(uploads.delta), axes=1)
         anchors, correction, momentum = (), (), ()
         if debiased:
             anchors = jnp.where(mask[:, None], uploads.anchor, server_state.anchors)

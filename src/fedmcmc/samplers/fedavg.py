@@ -47,11 +47,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedmcmc import gradients, participation as participation_lib
+from fedmcmc import checks, gradients, participation as participation_lib
 from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, check_step_size, float_bits
-from fedmcmc.samplers.fa_hmc import resolve_weights
+from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, float_bits
 from fedmcmc.types import resolve_schedule
 
 AGGREGATIONS = ("mcmahan", "unbiased")
@@ -95,13 +94,10 @@ def fedavg(model: Model, weights, learning_rate, local_steps: int = 1, batch_siz
         ``"mcmahan"`` (weighted average over the active clients) or ``"unbiased"``
         (participation weights, see the module docstring).
     """
-    learning_rate = check_step_size(learning_rate)
-    w_np = resolve_weights(weights)
-    if int(local_steps) != local_steps or local_steps < 1:
-        raise ValueError(f"local_steps must be a positive integer (got {local_steps!r})")
-    local_steps = int(local_steps)
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {AGGREGATIONS}")
+    learning_rate = checks.step_size(learning_rate)
+    w_np = checks.client_weights(weights)
+    local_steps = checks.positive_int("local_steps", local_steps)
+    checks.choice("aggregation", aggregation, AGGREGATIONS)
     compressor = identity() if compressor is None else compressor
     participation = participation_lib.full() if participation is None else participation
     oracle = gradients.minibatch_gradient(model, batch_size)
@@ -129,8 +125,8 @@ def fedavg(model: Model, weights, learning_rate, local_steps: int = 1, batch_siz
             return theta - eta * g
 
         theta = jax.lax.fori_loop(0, local_steps, step, theta0)
-        delta, comp_state, cinfo = compressor.apply(key_comp, theta - theta0, client_state.compressor)
-        return FedAvgClientState(comp_state), delta, ClientInfo(bits=cinfo.bits)
+        message, comp_state, cinfo = compressor.apply(key_comp, theta - theta0, client_state.compressor)
+        return FedAvgClientState(comp_state), message, ClientInfo(bits=cinfo.bits)
 
     def server_step(key, server_state, uploads, mask, k):
         del key
@@ -140,7 +136,7 @@ def fedavg(model: Model, weights, learning_rate, local_steps: int = 1, batch_siz
             a = m * w_all / jnp.maximum(active_weight, 1e-30)
         else:
             a = participation.weights(mask) * w_all
-        position = server_state.position + jnp.tensordot(a, uploads, axes=1)
+        position = server_state.position + jnp.tensordot(a, jax.vmap(compressor.decode)(uploads), axes=1)
         position = jnp.where(jnp.any(mask), position, server_state.position)
         eta = jnp.asarray(resolve_schedule(learning_rate, k * local_steps), jnp.float32)
         return (FedAvgState(position), Broadcast(position),

@@ -45,9 +45,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc import gradients, participation as participation_lib
+from fedmcmc import checks, gradients, participation as participation_lib
 from fedmcmc.base import FederatedSampler, Model
-from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, check_step_size, server_step_size
+from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, server_step_size
 
 
 class PSGLDState(NamedTuple):
@@ -84,16 +84,9 @@ def psgld(model: Model, step_size, batch_size=None, beta: float = 0.99, lam: flo
     v0
         Initial ``V`` (``>= 0``; one value or one per coordinate); zero if None (the paper).
     """
-    step_size = check_step_size(step_size)
-    try:
-        beta = float(beta)
-        lam = float(lam)
-    except (TypeError, ValueError):
-        raise ValueError(f"beta and lam must be numbers (got beta={beta!r}, lam={lam!r})") from None
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must lie in [0, 1] (got {beta!r}); the paper uses 0.99")
-    if not (np.isfinite(lam) and lam > 0):
-        raise ValueError(f"lam must be a finite number > 0 (got {lam!r}); the paper uses 1e-5")
+    step_size = checks.step_size(step_size)
+    beta = checks.unit_interval("beta", beta, "; the paper uses 0.99")
+    lam = checks.positive("lam", lam, "; the paper uses 1e-5")
     if v0 is None:
         if beta == 1.0:
             raise ValueError("beta = 1 freezes the preconditioner at its initial value: give v0 "

@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedmcmc import gradients, participation as participation_lib
+from fedmcmc import checks, gradients, participation as participation_lib
 from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo, check_step_size,
+from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo,
                                      float_bits, langevin_update, server_step_size)
 
 
@@ -63,7 +63,7 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
     num_clients
         The number of clients that per-client settings inside ``oracle`` are for, if any.
     """
-    step_size = check_step_size(step_size)
+    step_size = checks.step_size(step_size)
     compressor = identity() if compressor is None else compressor
     participation = participation_lib.full() if participation is None else participation
 
@@ -80,12 +80,12 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
         del k
         key_grad, key_comp = jax.random.split(key)
         grad = oracle(key_grad, broadcast.position, client_data)
-        upload, comp_state, cinfo = compressor.apply(key_comp, grad, client_state.compressor)
-        return QLSDClientState(comp_state), upload, ClientInfo(bits=cinfo.bits)
+        message, comp_state, cinfo = compressor.apply(key_comp, grad, client_state.compressor)
+        return QLSDClientState(comp_state), message, ClientInfo(bits=cinfo.bits)
 
     def server_step(key, server_state, uploads, mask, k):
         gamma = server_step_size(step_size, k)
-        drift = jnp.tensordot(participation.weights(mask), uploads, axes=1)
+        drift = jnp.tensordot(participation.weights(mask), jax.vmap(compressor.decode)(uploads), axes=1)
         if server_constant is not None:
             drift = drift + server_constant
         position = langevin_update(key, model, server_state.position, drift, gamma)

@@ -67,10 +67,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc import gradients, participation as participation_lib
+from fedmcmc import checks, gradients, participation as participation_lib
 from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.common import (ClientInfo, ServerInfo, check_step_size, float_bits, langevin_update,
+from fedmcmc.samplers.common import (ClientInfo, ServerInfo, float_bits, langevin_update,
                                      server_step_size)
 
 MEMORY_UPDATES = ("algorithm", "inverse_probability")
@@ -153,14 +153,11 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
     FederatedSampler
         Broadcasts are :class:`QLSDPPBroadcast`; the server state is :class:`QLSDPPState`.
     """
-    step_size = check_step_size(step_size)
+    step_size = checks.step_size(step_size)
     compressor = identity() if compressor is None else compressor
     participation = participation_lib.full() if participation is None else participation
-    if int(refresh_every) != refresh_every or refresh_every < 1:
-        raise ValueError(f"refresh_every (l) must be a positive integer (got {refresh_every!r})")
-    refresh_every = int(refresh_every)
-    if memory_update not in MEMORY_UPDATES:
-        raise ValueError(f"unknown memory_update {memory_update!r}; choose one of {MEMORY_UPDATES}")
+    refresh_every = checks.positive_int("refresh_every (l)", refresh_every)
+    checks.choice("memory_update", memory_update, MEMORY_UPDATES)
     sizes = gradients.resolve_batch_sizes(batch_size)
     if memory:
         alpha = (1.0 / (np.asarray(compressor.omega(model.dim), np.float64) + 1.0)
@@ -233,18 +230,19 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
             xb, w = gradients.minibatch(key_batch, client_data, sizes)
             grad = (gradients.weighted_potential_grad(model, theta, xb, w)
                     - gradients.weighted_potential_grad(model, reference, xb, w) + reference_grad)
-        delta, comp_state, cinfo = compressor.apply(key_comp, grad - client_state.memory, client_state.compressor)
-        new_memory = client_state.memory + client_alpha(client_data.index) * delta
-        return (QLSDPPClientState(comp_state, new_memory, reference, reference_grad, round_), delta,
+        message, comp_state, cinfo = compressor.apply(key_comp, grad - client_state.memory, client_state.compressor)
+        new_memory = client_state.memory + client_alpha(client_data.index) * compressor.decode(message)
+        return (QLSDPPClientState(comp_state, new_memory, reference, reference_grad, round_), message,
                 ClientInfo(bits=cinfo.bits))
 
     def server_step(key, server_state, uploads, mask, k):
         gamma = server_step_size(step_size, k)
-        drift = server_state.memory + jnp.tensordot(participation.weights(mask), uploads, axes=1)
+        deltas = jax.vmap(compressor.decode)(uploads)
+        drift = server_state.memory + jnp.tensordot(participation.weights(mask), deltas, axes=1)
         position = langevin_update(key, model, server_state.position, drift, gamma)
         position = participation_lib.hold_if_empty(participation, mask, position, server_state.position)
         rates = mask.astype(jnp.float32) * jnp.broadcast_to(alpha, mask.shape)
-        new_memory = server_state.memory + jnp.tensordot(rates, uploads, axes=1)
+        new_memory = server_state.memory + jnp.tensordot(rates, deltas, axes=1)
         # round k's broadcast carried the anchor iff k did not move it and some client may have been stale
         carried = (k % refresh_every != 0) & ~server_state.synced if uses_anchor else jnp.zeros((), bool)
         bits = float_bits(server_state.position) + jnp.where(carried, float_bits(server_state.anchor), 0)

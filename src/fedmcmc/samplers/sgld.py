@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedmcmc import gradients, participation as participation_lib
+from fedmcmc import checks, gradients, participation as participation_lib
 from fedmcmc.base import FederatedSampler, Model
-from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo, check_step_size,
+from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo,
                                      langevin_update, server_step_size)
 
 
@@ -29,7 +29,7 @@ class SGLDState(NamedTuple):
 
 def sgld(model: Model, step_size, batch_size=None, name: str = "sgld") -> FederatedSampler:
     """Build centralised SGLD; run it on one client holding all the data."""
-    step_size = check_step_size(step_size)
+    step_size = checks.step_size(step_size)
     oracle = gradients.minibatch_gradient(model, batch_size)
 
     def init(key, theta0):

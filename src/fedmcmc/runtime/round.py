@@ -1,0 +1,105 @@
+"""One round of a federated sampler, and its key schedule: the one copy both runtimes call.
+
+Keys (the same in every runtime, so that runs are reproducible bit for bit)::
+
+    chain key   = fold_in(key(seed), chain)
+    init key    = fold_in(chain key, 0)        client i: fold_in(init key, i); server: fold_in(init key, b)
+    setup key   = fold_in(init key, b + 1)     client i: fold_in(setup key, i); server: fold_in(setup key, b)
+    round key k = fold_in(chain key, k + 1)    client i: fold_in(round key, i); server: fold_in(round key, b)
+    participation key = fold_in(round key, b + 1)
+
+Every function here is for one chain; ``b`` is the number of clients, ``ids`` the indices of
+the clients being run (all of them in the simulator, one in a Flower node), and the client
+functions run those clients under ``vmap``. The simulator (:mod:`fedmcmc.simulator`) and the
+Flower runtime (:mod:`fedmcmc.flower.runtime`) add only what is theirs: chunks and chains, or
+messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fedmcmc.base import FederatedSampler
+from fedmcmc.cpu import materialize
+
+
+def chain_keys(seed: int, chains) -> jax.Array:
+    """``[len(chains), 2]`` keys of the chains with these global indices: ``fold_in(key(seed), c)``."""
+    return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.asarray(chains, jnp.uint32))
+
+
+def each(key, ids) -> jax.Array:
+    """``fold_in(key, i)`` for every client index ``i`` of ``ids``: the clients' keys."""
+    return jax.vmap(jax.random.fold_in, (None, 0))(key, ids)
+
+
+def init_key(chain_key) -> jax.Array:
+    return jax.random.fold_in(chain_key, 0)
+
+
+def setup_key(chain_key, b: int) -> jax.Array:
+    return jax.random.fold_in(init_key(chain_key), b + 1)
+
+
+def round_key(chain_key, k) -> jax.Array:
+    return jax.random.fold_in(chain_key, k + 1)
+
+
+def select(mask, new, old):
+    """``new`` where ``mask`` (leading axes) is true, else ``old``: inactive clients keep their state."""
+    def pick(n, o):
+        m = mask.reshape(mask.shape + (1,) * (n.ndim - mask.ndim))
+        return jnp.where(m, n, o)
+
+    return jax.tree_util.tree_map(pick, new, old)
+
+
+def server_init(sampler: FederatedSampler, chain_key, theta0, b: int):
+    """``(server_state, broadcast)`` of a chain before round 1."""
+    return sampler.init(jax.random.fold_in(init_key(chain_key), b), theta0)
+
+
+def client_init(sampler: FederatedSampler, chain_key, broadcast, clients, ids):
+    """The states of clients ``ids`` before round 1."""
+    return jax.vmap(sampler.client_init, (0, None, 0))(each(init_key(chain_key), ids), broadcast, clients)
+
+
+def setup_clients(sampler: FederatedSampler, chain_key, states, broadcast, clients, ids, b: int):
+    """Clients ``ids``' side of the setup exchange: ``(states, uploads, infos)``."""
+    return jax.vmap(sampler.setup.client, (0, 0, None, 0))(each(setup_key(chain_key, b), ids), states, broadcast,
+                                                            clients)
+
+
+def setup_server(sampler: FederatedSampler, chain_key, server_state, uploads, b: int):
+    """The server's side of the setup exchange: ``(server_state, message, info)``."""
+    return sampler.setup.server(jax.random.fold_in(setup_key(chain_key, b), b), server_state, uploads)
+
+
+def setup_receive(sampler: FederatedSampler, states, message):
+    return jax.vmap(sampler.setup.receive, (0, None))(states, message)
+
+
+def participation(sampler: FederatedSampler, chain_key, k, b: int):
+    """``[b]`` mask of the clients active in round ``k``."""
+    return sampler.participation.sample(jax.random.fold_in(round_key(chain_key, k), b + 1), b)
+
+
+def client_keys(chain_key, k, ids) -> jax.Array:
+    """The keys of clients ``ids`` in round ``k`` (materialised: see :func:`fedmcmc.cpu.materialize`)."""
+    return materialize(each(round_key(chain_key, k), ids))
+
+
+def client_round(sampler: FederatedSampler, chain_key, k, states, broadcast, clients, ids, mask) -> tuple[Any, Any, Any]:
+    """Clients ``ids`` in round ``k``: ``(states, uploads, infos)``; inactive ones (``mask``
+    false) keep their state."""
+    step = jax.vmap(sampler.client_step, (0, 0, None, 0, None))
+    new_states, uploads, infos = step(client_keys(chain_key, k, ids), states, broadcast, clients, k)
+    return select(mask, new_states, states), uploads, infos
+
+
+def server_round(sampler: FederatedSampler, chain_key, k, server_state, uploads, mask, b: int):
+    """The server in round ``k``: ``(server_state, broadcast, info)``."""
+    return sampler.server_step(jax.random.fold_in(round_key(chain_key, k), b), server_state, uploads, mask, k)
