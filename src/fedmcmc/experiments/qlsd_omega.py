@@ -55,12 +55,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmcmc import gradients, io
+from fedmcmc import gradients, io, problems
 from fedmcmc.compression import quantization
 from fedmcmc.compression.quantization import quantization_omega
-from fedmcmc.data.synthetic import heterogeneous_gaussian
 from fedmcmc.experiments.settings import resolve
-from fedmcmc.models.gaussian import GaussianPosterior, gaussian_mean, gaussian_mean_posterior
+from fedmcmc.models.gaussian import GaussianPosterior
 from fedmcmc.samplers import lsd_star, qlsd_star
 from fedmcmc.simulator import simulate
 
@@ -129,9 +128,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         raise ValueError(f"burn_in ({cfg['burn_in']}) must lie in [0, num_iterations = {cfg['num_iterations']})")
     out = Path(out)
     started = time.perf_counter()
-    data = heterogeneous_gaussian()
-    model = gaussian_mean(data.x.shape[-1], noise_scale=1.0)
-    post = gaussian_mean_posterior(data)
+    data, model, post = problems.heterogeneous_gaussian()
     sizes = np.asarray(data.counts, np.float64)
     d, n = model.dim, float(sizes.sum())
     truth = post.expected_norm()

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmcmc import gradients, io
+from fedmcmc import gradients, io, problems
 from fedmcmc.compression import qsgd_bits_bound, quantization
-from fedmcmc.data.synthetic import heterogeneous_gaussian
 from fedmcmc.experiments.settings import resolve
-from fedmcmc.models.gaussian import GaussianPosterior, gaussian_mean, gaussian_mean_posterior
+from fedmcmc.models.gaussian import GaussianPosterior
 from fedmcmc.samplers import lsd_star, qlsd_sharp, qlsd_star
 from fedmcmc.simulator import simulate
 
@@ -71,9 +70,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     out = Path(out)
     started = time.perf_counter()
 
-    data = heterogeneous_gaussian()
-    model = gaussian_mean(data.x.shape[-1], noise_scale=1.0)
-    post = gaussian_mean_posterior(data)
+    data, model, post = problems.heterogeneous_gaussian()
     truth = post.expected_norm()
     ula = stationary_ula_posterior(post, cfg["step_size"])
     batch = np.maximum(np.asarray(data.counts) // 10, 1)
