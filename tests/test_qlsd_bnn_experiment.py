@@ -7,11 +7,11 @@ import pytest
 
 from fedmcmc.experiments import get, qlsd_bnn_heterogeneous as study
 
-# 7x7 images, an MLP 49-8-10, 400 iterations, four methods (a pooled baseline, QLSD with partial
-# participation, QLSD++, FSGLD): the study in seconds, compilation being most of it.
-METHODS = ["SGLD", "QLSD (PP)", "QLSD++", "FSGLD"]
-TINY = dict(image_size=7, hidden=[8], iterations=400, burn_in=200, thinning=20, local_steps=10, num_test=300,
-            num_ood=300, surrogate_steps=20, surrogate_burn_in=20, methods=METHODS)
+# 7x7 images, an MLP 49-8-10, 256 iterations, four methods (a pooled baseline, QLSD with partial
+# participation, QLSD++, FSGLD from the warm start): the study in seconds, compilation being most of it.
+METHODS = ["SGLD", "QLSD (PP)", "QLSD++", "FSGLD (warm)"]
+TINY = dict(model="mlp", image_size=7, hidden=[8], iterations=256, burn_in=128, thinning=32, num_test=300,
+            num_ood=300, surrogate_steps=20, surrogate_burn_in=20, warm_start_rounds=16, methods=METHODS)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_every_method_reports_finite_calibration_metrics(tiny):
         for key in ("accuracy", "ece", "brier", "nll", "ood_auroc"):
             assert math.isfinite(m[key]), (label, key, m[key])
         assert 0 <= m["ece"] <= 1 and 0 <= m["brier"] <= 2 and 0 <= m["ood_auroc"] <= 1
-        assert m["num_draws"] == 10 and m["num_points"] == 300
+        assert m["num_draws"] == 4 and m["num_points"] == 300
         assert sum(m["reliability"]["counts"]) == 300
     for name in ("results.json", "reliability.png", "partition.png", "posterior.nc"):
         assert (out / name).stat().st_size > 0
@@ -38,17 +38,21 @@ def test_every_method_reports_finite_calibration_metrics(tiny):
 def test_bma_learns_far_above_chance_and_bits_follow_participation(tiny):
     _, r = tiny
     m = r["methods"]
-    # 10 balanced classes: chance is 0.1; 400 iterations of a 49-8-10 MLP do much better
+    # 10 balanced classes: chance is 0.1 (s.e. 0.017 on 300 points); 256 iterations of a 49-8-10 MLP
+    # do much better, even through s = 2 quantisation with a quarter of the clients
     for label in ("SGLD", "QLSD (PP)", "QLSD++"):
-        assert m[label]["accuracy"] > 0.5, (label, m[label]["accuracy"])
+        assert m[label]["accuracy"] > 0.25, (label, m[label]["accuracy"])
     assert m["SGLD"]["upload_bits_per_chain"] == 0
-    # Bernoulli(1/4) participation: about 5 of 20 clients a round; 8-bit quantised uploads
-    # cost at most 1 + 9 bits a coordinate (plus a header), far below 32-bit floats
+    # Bernoulli(1/4) participation: about 5 of 20 clients a round; s = 2 quantised uploads
+    # cost at most 1 + 2 bits a coordinate (plus a header), far below 32-bit floats
     d = r["settings"]["dim"]
     assert m["QLSD++"]["mean_active_clients_per_round"] == 20
     assert 3.5 < m["QLSD (PP)"]["mean_active_clients_per_round"] < 6.5
-    assert m["QLSD++"]["upload_bits_per_chain"] <= 400 * 20 * (10 * d + 34)
-    assert m["FSGLD"]["setup_bits_per_chain"] == 20 * 32 * 2 * d  # a diagonal surrogate per shard
+    assert m["QLSD++"]["upload_bits_per_chain"] <= 256 * 20 * (3 * d + 34)
+    assert m["FSGLD (warm)"]["setup_bits_per_chain"] == 20 * 32 * 2 * d  # a diagonal surrogate per shard
+    # the warm start's federated SGLD gradients (16 rounds x 20 clients x 10 points) are counted
+    assert r["warm_start"]["point_gradients"] == m["FSGLD (warm)"]["warm_start_point_gradients"] == 16 * 20 * 10
+    assert m["FSGLD (warm)"]["point_gradients_total"] == 3_200 + 256 * 10
     c = r["criterion_qlsd_pp_within_2_points_of_sgld"]
     assert c["within_2_points"] == (c["gap_points"] <= 2)
 
@@ -72,6 +76,7 @@ def test_downsample_averages_blocks():
 
 @pytest.mark.parametrize("settings, fragment", [
     (dict(local_steps=7), "local_steps (7) must divide"),
+    (dict(warm_start_rounds=0), "warm_start_rounds >= 1"),
     (dict(methods=["SGLD", "HMC"]), "unknown methods ['HMC']"),
     (dict(model="resnet"), "model must be 'mlp' or 'lenet5'"),
 ])
@@ -79,10 +84,3 @@ def test_bad_settings_are_named(tmp_path, settings, fragment):
     with pytest.raises(ValueError) as err:
         study.run(tmp_path, quick=True, progress=False, settings={**TINY, **settings})
     assert fragment in str(err.value) and "\n" not in str(err.value)
-
-
-def test_cli_takes_string_settings_and_names_a_bad_one():
-    from test_cli import assert_one_line_error, fedmcmc
-
-    assert_one_line_error(fedmcmc("reproduce", "qlsd-bnn-heterogeneous", "--quick", "--set", "model=resnet"),
-                          "model must be 'mlp' or 'lenet5'")

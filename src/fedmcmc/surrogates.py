@@ -10,7 +10,8 @@ with precision ``L_s`` (full ``[d, d]`` or diagonal ``[d]``) and shift ``e_s = L
 and ``e = sum_s e_s``: combining surrogates is a sum. The prior share ``p(theta)^{f_s}`` keeps
 every local density proper (a shard of a logistic regression may be separable) and, since the
 shares multiply to the prior, changes nothing in the conducive gradient's exactness on
-Gaussian models (see :mod:`fedmcmc.samplers.dsgld`).
+Gaussian models (see :mod:`fedmcmc.samplers.dsgld`). ``share = 0`` fits the local likelihood
+alone (``dsgld(..., likelihood_only=True)``, El Mekkaoui et al.'s Section 5.3).
 
 Three ways to fit ``q_s`` where the data lives, each ``fit(key, model, client_data, theta0, share)``:
 

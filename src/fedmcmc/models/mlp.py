@@ -12,10 +12,11 @@ Layout of ``theta`` (row-major blocks, in this order): ``dense1/w`` ``[input_dim
 ``dense1/b`` ``[h_1]``, ..., ``dense{L+1}/w`` ``[h_L, K]``, ``dense{L+1}/b`` ``[K]``; so
 ``d = sum_l (n_{l-1} + 1) n_l`` with ``n_0 = input_dim``, ``n_{L+1} = K``.
 
-The "MLP 18-18-8" of FSGLD (El Mekkaoui et al., 2021, Table 1) on a binary data set with 18
-features is read here as ``mlp(18, hidden=(18, 8), num_classes=1)``: 18 inputs, hidden layers
-of 18 and 8 units, one output logit (d = 18*18+18 + 18*8+8 + 8+1 = 503). The input size is
-``input_dim`` and is not counted in ``hidden``.
+FSGLD's network (El Mekkaoui et al., 2021, Section 5.3: "three hidden layers. The first two
+hidden layers consist of 18 nodes each, and the last one of 8") is
+``mlp(input_dim, hidden=(18, 18, 8), num_classes=1)``; on SUSY's 18 features d =
+18*18+18 + 18*18+18 + 18*8+8 + 8+1 = 845. The input size is ``input_dim`` and is not counted
+in ``hidden``.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ for every ``alpha > 0``. If ``q_s`` is exact up to a constant, as it is for conj
 models, ``v_s + g_s`` equals the full-data gradient plus minibatch noise: the shard bias
 cancels. Surrogates of ``p(theta)^{f_s} p(x_s | theta)`` (what :mod:`fedmcmc.surrogates` fits)
 cancel it too when the prior is Gaussian, since the prior shares add up to the prior.
+With ``likelihood_only=True`` the surrogates are fitted to the local likelihood
+``p(x_s | theta)`` alone (share 0), as in El Mekkaoui et al.'s Section 5.3 ("densities
+proportional to the local likelihoods"); ``q`` is then a surrogate of the full likelihood and
+the prior enters ``v_s`` only, exactly.
 
 **Communication.** Each round is one visit: the server sends ``theta`` (32 bits a
 coordinate) and the shard returns the visit's draws, the last of which is the new ``theta``.
@@ -97,7 +101,8 @@ def drift_estimate(key, model: Model, oracle, theta, client_data, f_s, term: Con
 
 
 def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, record_every: int | None = None,
-          surrogate=None, alpha: float = 1.0, name: str | None = None) -> FederatedSampler:
+          surrogate=None, alpha: float = 1.0, name: str | None = None,
+          likelihood_only: bool = False) -> FederatedSampler:
     """Build DSGLD, or CG-DSGLD when ``surrogate`` is given (see the module docstring).
 
     Parameters
@@ -120,6 +125,9 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
         ``sgld_moments``) for CG-DSGLD; None for DSGLD.
     alpha
         ``alpha > 0``, the scale of the conducive gradient (CG-DSGLD only).
+    likelihood_only
+        Fit each ``q_s`` to ``p(x_s | theta)`` (prior share 0) instead of
+        ``p(theta)^{f_s} p(x_s | theta)`` (CG-DSGLD only; see the module docstring).
     """
     step_size = checks.step_size(step_size)
     f_np = checks.per_client("shard probabilities f_s", probs, sums_to_one=True,
@@ -184,7 +192,8 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
     setup = None
     if conducive:
         def setup_client(key, client_state, broadcast, client_data):
-            q_s = surrogate(key, model, client_data, broadcast.position, client_state.share)
+            share = jnp.zeros_like(client_state.share) if likelihood_only else client_state.share
+            q_s = surrogate(key, model, client_data, broadcast.position, share)
             return client_state._replace(surrogate=q_s), surrogates_lib.pack(q_s), ClientInfo(bits=_bits(q_s))
 
         def setup_server(key, server_state, uploads):
@@ -210,8 +219,10 @@ def _bits(q: surrogates_lib.GaussianSurrogate):
 
 
 def cg_dsgld(model: Model, probs, step_size, local_steps: int, surrogate=None, batch_size=None,
-             record_every: int | None = None, alpha: float = 1.0, name: str = "cg-dsgld") -> FederatedSampler:
+             record_every: int | None = None, alpha: float = 1.0, name: str = "cg-dsgld",
+             likelihood_only: bool = False) -> FederatedSampler:
     """CG-DSGLD / FSGLD: DSGLD with conducive gradients from Gaussian shard surrogates
     (``surrogates.taylor()``, exact for conjugate Gaussian models, if None). Parameters as :func:`dsgld`."""
     surrogate = surrogates_lib.taylor() if surrogate is None else surrogate
-    return dsgld(model, probs, step_size, local_steps, batch_size, record_every, surrogate, alpha, name)
+    return dsgld(model, probs, step_size, local_steps, batch_size, record_every, surrogate, alpha, name,
+                 likelihood_only)
