@@ -4,10 +4,12 @@ import sys
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(__file__))
 
-# Longest files first: `make test` spreads files over several workers, and these would
-# otherwise start last and run alone at the end (the deployment test mostly waits on Flower).
-SLOWEST_FIRST = ("test_flower_deploy.py", "test_no_hang.py", "test_fahmc_experiments.py", "test_flower.py")
+# Longest files first, longest first (measured with --durations=0): `make test` spreads files over
+# several workers, and these would otherwise start last and run alone at the end.
+SLOWEST_FIRST = ("test_fa_hmc.py", "test_no_hang.py", "test_flower_deploy.py", "test_qlsd_mean_recursion.py",
+                 "test_flower.py", "test_runtime.py")
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in SLOWEST_FIRST)
+    items.sort(key=lambda item: SLOWEST_FIRST.index(item.path.name) if item.path.name in SLOWEST_FIRST
+               else len(SLOWEST_FIRST))
