@@ -4,10 +4,11 @@ import sys
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(__file__))
 
-# Longest files first, longest first (measured with --durations=0): `make test` spreads files over
-# several workers, and these would otherwise start last and run alone at the end.
-SLOWEST_FIRST = ("test_fa_hmc.py", "test_no_hang.py", "test_flower_deploy.py", "test_qlsd_mean_recursion.py",
-                 "test_flower.py", "test_runtime.py")
+# Longest files first (measured with --durations=0), in this order: `make test` spreads files over
+# several workers, and these would otherwise start last and run alone at the end. The deployment
+# test starts first because it mostly waits on Flower's polling, which the other workers fill.
+SLOWEST_FIRST = ("test_flower_deploy.py", "test_no_hang.py", "test_fa_hmc.py", "test_flower.py",
+                 "test_qlsd_mean_recursion.py", "test_runtime.py")
 
 
 def pytest_collection_modifyitems(items):
