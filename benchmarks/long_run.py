@@ -6,7 +6,7 @@ chains go over that checkout's own default.
 import sys, time, numpy as np
 import fedmcmc
 getattr(fedmcmc, "tune_cpu", lambda *a: None)(*([] if len(sys.argv) < 2 else [int(sys.argv[1])]))
-from fedmcmc.bench import _toy, STEP, LEVELS
+from fedmcmc.app.bench import _toy, STEP, LEVELS
 from fedmcmc.samplers import qlsd_star
 from fedmcmc.compression import quantization
 data, model, batch, mode = _toy()

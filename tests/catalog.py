@@ -1,7 +1,7 @@
 """Every registered sampler and every surrogate kind, built on a real data set.
 
 Used by the long-lived-process test (``test_no_hang``) and the runtime-equality tests: one
-place that knows how to build each sampler of ``fedmcmc.config.SAMPLERS`` on scikit-learn's
+place that knows how to build each sampler of ``fedmcmc.app.config.SAMPLERS`` on scikit-learn's
 breast-cancer data (569 patients, 30 features, split over 10 clients by a Dirichlet(0.5)
 label partition), with small settings so that each one compiles and runs in about a second.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedmcmc import gradients, surrogates
+from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data import partition
 from fedmcmc.models import logistic_regression
-from fedmcmc.participation import bernoulli
+from fedmcmc.samplers.participation import bernoulli
 from fedmcmc.samplers import (cg_dsgld, dg_sgld, dsgld, fa_hmc, fa_ld, fedavg, lsd_pp, lsd_star, psgld, qlsd_pp,
                               qlsd_sharp, qlsd_star, sgld)
 

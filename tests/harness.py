@@ -23,7 +23,7 @@ import numpy as np
 
 from fedmcmc.data.federated import FederatedData, from_clients
 from fedmcmc.models.gaussian import gaussian_mean
-from fedmcmc.simulator import simulate
+from fedmcmc.runtime.simulator import simulate
 
 Z = 5.0
 

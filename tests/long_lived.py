@@ -19,7 +19,8 @@ import numpy as np
 
 import fedmcmc
 from catalog import breast_cancer, samplers
-from fedmcmc import gradients, reference
+from fedmcmc.estimators import gradients
+from fedmcmc.evaluation import reference
 
 
 def step(label, fn):

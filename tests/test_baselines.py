@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 
 import harness as h
-from fedmcmc import from_clients, participation, simulate
-from fedmcmc.base import Model
+from fedmcmc import from_clients, simulate
+from fedmcmc.samplers import participation
+from fedmcmc.core.base import Model
 from fedmcmc.compression import quantization
 from fedmcmc.models import gaussian_factors, gaussian_mean
 from fedmcmc.runtime import round as rnd

@@ -4,9 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedmcmc import surrogates
+from fedmcmc.estimators import surrogates
 from fedmcmc.data.federated import from_clients
-from fedmcmc.experiments import cgdsgld_mlp, get
+from fedmcmc.app.studies import cgdsgld_mlp, get
 from fedmcmc.models import gaussian_mean, mlp, mlp_layout
 from fedmcmc.samplers import cg_dsgld
 

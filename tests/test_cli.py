@@ -16,7 +16,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.g
 
 
 def fedmcmc(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "fedmcmc.cli", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fedmcmc", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=ENV, cwd=ROOT)
 
 
@@ -89,7 +89,7 @@ def test_killed_run_resumes_to_the_same_samples(tmp_path):
     straight = fedmcmc("run", cfg, "--out", tmp_path / "a", "--no-progress")
     assert straight.returncode == 0, straight.stderr
 
-    proc = subprocess.Popen([sys.executable, "-m", "fedmcmc.cli", "run", str(cfg), "--out", str(tmp_path / "b"),
+    proc = subprocess.Popen([sys.executable, "-m", "fedmcmc", "run", str(cfg), "--out", str(tmp_path / "b"),
                              "--no-progress"], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     chunks = tmp_path / "b" / "chunks"
     deadline = time.time() + 120

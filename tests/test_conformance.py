@@ -1,7 +1,7 @@
 """What every registered sampler owes the runtimes, checked over the whole catalog.
 
 The bits a client reports (``ClientInfo.bits``) must be the length of the message that the
-wire layer actually writes for its upload (``fedmcmc.flower.wire.encode_upload``), in the
+wire layer actually writes for its upload (``fedmcmc.runtime.flower.wire.encode_upload``), in the
 setup exchange and in a round; a sampler that counts otherwise misreports its
 communication cost in both runtimes. The centralised baselines (SGLD and pSGLD on the pooled
 data) communicate nothing and report 0.
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from catalog import breast_cancer, samplers
-from fedmcmc.flower.wire import encode_upload, items
+from fedmcmc.runtime.flower.wire import encode_upload, items
 from fedmcmc.runtime import round as rnd
 
 DATA, MODEL = breast_cancer()

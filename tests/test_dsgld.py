@@ -13,14 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedmcmc import gradients, surrogates
-from fedmcmc.base import Model
+from fedmcmc.estimators import gradients, surrogates
+from fedmcmc.core.base import Model
 from fedmcmc.data.federated import from_clients
 from fedmcmc.data.synthetic import logistic_regression_data
 from fedmcmc.models import gaussian_mean, linear_regression, logistic_regression
 from fedmcmc.samplers import cg_dsgld, dsgld, sgld
 from fedmcmc.samplers.dsgld import conducive_term, drift_estimate
-from fedmcmc.simulator import simulate
+from fedmcmc.runtime.simulator import simulate
 from harness import Z, assert_close, check_gaussian
 
 TAU2 = 5.0  # prior variance of the Gaussian-mean model (the authors' notebook)

@@ -1,6 +1,6 @@
 """FA-HMC and FA-LD: the stochastic leapfrog integrator (two gradient draws per step), exact
 reductions, the two clocks (T counts leapfrog steps or trajectories), and statistical tests
-against the exact law of the discretised chain (:mod:`fedmcmc.laws`)."""
+against the exact law of the discretised chain (:mod:`fedmcmc.evaluation.laws`)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 import harness as h
-from fedmcmc import from_clients, participation, simulate
+from fedmcmc import from_clients, simulate
+from fedmcmc.samplers import participation
 from fedmcmc.compression import quantization
 from fedmcmc.data.synthetic import logistic_regression_data
-from fedmcmc.laws import fa_hmc_law, round_period
+from fedmcmc.evaluation.laws import fa_hmc_law, round_period
 from fedmcmc.models import gaussian_factors, logistic_regression
 from fedmcmc.samplers import fa_hmc, fa_ld
 from fedmcmc.samplers.fa_hmc import FAUpload, leapfrog, round_trajectories
@@ -179,7 +180,7 @@ def test_round_trajectories_match_the_global_step_counter(steps, k):
 
 def scalar_leapfrog_variance(eta, num_steps, sigma, two_draws):
     """Var(theta_K) for U = theta^2 / 2 from theta_0 = 0, p ~ N(0, 1), gradients theta + sigma e:
-    coefficients of (p, e_1, e_2, ...) propagated step by step, independently of fedmcmc.laws."""
+    coefficients of (p, e_1, e_2, ...) propagated step by step, independently of fedmcmc.evaluation.laws."""
     size = 1 + 2 * num_steps + 1
     theta, p = np.zeros(size), np.eye(size)[0]
     used = [0]

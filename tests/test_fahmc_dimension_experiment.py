@@ -3,7 +3,7 @@ the sampled law of theta follows the exact law of the leapfrog clock."""
 
 import numpy as np
 
-from fedmcmc.experiments import fahmc_dimension as E
+from fedmcmc.app.studies import fahmc_dimension as E
 
 
 def test_fahmc_dimension_sampled_rounds_follow_the_exact_law(tmp_path):

@@ -14,7 +14,7 @@ def reproduce(tmp_path, name, *sets):
     args = ["reproduce", name, "--quick", "--out", tmp_path / name, "--no-progress"]
     for s in sets:
         args += ["--set", s]
-    proc = subprocess.run([sys.executable, "-m", "fedmcmc.cli", *map(str, args)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "fedmcmc", *map(str, args)], capture_output=True, text=True,
                           timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     return json.loads((tmp_path / name / "results.json").read_text())
@@ -27,14 +27,14 @@ TINY = dict(dim=3, num_points=40, num_clients=4)
 def stand_in_reference(cfg, model, data):
     """Gaussian draws in place of the NUTS reference (whose compilation alone takes longer than these
     smoke tests may; the reference itself is tested in test_metrics_reference.py)."""
-    from fedmcmc.reference import ReferenceSamples
+    from fedmcmc.evaluation.reference import ReferenceSamples
 
     draws = 0.5 * np.random.default_rng(0).standard_normal((2, 300, model.dim))
     return ReferenceSamples(draws, 1.0, 600.0, 0, np.ones(2), 0.0, True)
 
 
 def test_fahmc_vs_fald(tmp_path, monkeypatch):
-    from fedmcmc.experiments import fahmc_vs_fald, fahmc_vs_fald_d10
+    from fedmcmc.app.studies import fahmc_vs_fald, fahmc_vs_fald_d10
 
     monkeypatch.setattr(fahmc_vs_fald, "logistic_reference", stand_in_reference)
     # the paper's K = floor(pi / (3 eta)) below eta = 0.01 (K = 104 at 0.01, spanning rounds of T = 10), tuned above
@@ -59,7 +59,7 @@ def test_fahmc_vs_fald(tmp_path, monkeypatch):
 
 
 def test_fahmc_local_steps(tmp_path, monkeypatch):
-    from fedmcmc.experiments import fahmc_local_steps, fahmc_vs_fald
+    from fedmcmc.app.studies import fahmc_local_steps, fahmc_vs_fald
 
     # one cached NUTS reference (keyed by data and settings) serves both d = 1000 studies
     assert all(fahmc_local_steps.FULL[k] == fahmc_vs_fald.FULL[k] for k in fahmc_local_steps._PROBLEM)

@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedmcmc import predictive
+from fedmcmc.evaluation import predictive
 from fedmcmc.data import datasets as D
-from fedmcmc.experiments import fahmc_logistic as E
-from fedmcmc.experiments import get
+from fedmcmc.app.studies import fahmc_logistic as E
+from fedmcmc.app.studies import get
 
 TINY = dict(train_subset=3000, test_subset=1000, pca_components=20, batch_size=50, step_sizes=[3e-3],
             num_runs=2, leapfrog_sweep=[1, 10], sweep_local_steps=5, local_steps_sweep=[5],
@@ -79,7 +79,7 @@ def test_metrics_are_of_the_bma_of_all_draws_so_far():
 
 def test_top_k_minibatches_are_uniform_subsets():
     import jax
-    from fedmcmc.gradients import top_k_indices
+    from fedmcmc.estimators.gradients import top_k_indices
     keys = jax.random.split(jax.random.PRNGKey(1), 2000)
     idx = np.asarray(jax.vmap(lambda k: top_k_indices(k, 7, 3, 4, 10))(keys))
     assert all(len(set(row[:3])) == 3 for row in idx) and (idx[:, 3] == 0).all() and idx.max() < 7

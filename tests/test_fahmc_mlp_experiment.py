@@ -1,7 +1,7 @@
 """FA-HMC with a two-hidden-layer MLP on Fashion-MNIST (Liang et al. 2024, Section 5.4), tiny settings."""
 
-from fedmcmc.experiments import fahmc_mlp as E
-from fedmcmc.experiments import get
+from fedmcmc.app.studies import fahmc_mlp as E
+from fedmcmc.app.studies import get
 from test_fahmc_logistic_experiment import _fashion_or_skip
 
 

@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedmcmc import config
+from fedmcmc.app import config
 from fedmcmc.compression import quantization
-from fedmcmc.flower.runtime import LocalTransport, ServerRuntime
-from fedmcmc.flower.wire import MalformedUpload, decode_upload, encode_upload
-from fedmcmc.simulator import simulate
+from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, encode_upload
+from fedmcmc.runtime.simulator import simulate
 
 QLSD_PP = """
 [problem]
@@ -70,7 +70,7 @@ def reference(text):
 
 
 def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_path):
-    from fedmcmc.flower.launch import run_sim_many
+    from fedmcmc.app.flower.launch import run_sim_many
 
     outs = [tmp_path / "qlsdpp", tmp_path / "fahmc"]
     payloads = run_sim_many([(QLSD_PP, outs[0]), (FA_HMC, outs[1])])
@@ -135,8 +135,8 @@ def test_faults_failed_and_malformed_clients_are_inactive_and_never_applied(tmp_
         return reply
 
     text = QLSD_PP.replace("participation = { p = 0.7, scaling = \"inverse_probability\" }", "")
-    transport = LocalTransport(text, 3, faults)
-    server = ServerRuntime(text, tmp_path)
+    transport = LocalTransport(text, 3, config.from_text, faults)
+    server = ServerRuntime(text, tmp_path, config.from_text)
     res = server.run(transport)
     assert np.all(np.isfinite(res.samples))
     assert server.stats["rejected_uploads"] == 2 and server.stats["missing_replies"] == 1
@@ -144,7 +144,7 @@ def test_faults_failed_and_malformed_clients_are_inactive_and_never_applied(tmp_
     assert res.total_bits_up.shape == (2,)
     assert int(res.active.sum(axis=1)[0]) <= 3 * 6 - 3
     # each client's memory term: its last result if the server accepted it, else the one before
-    from fedmcmc.flower.wire import unpack
+    from fedmcmc.runtime.flower.wire import unpack
 
     with np.load(tmp_path / "chunks" / "state.npz") as z:
         server_memory, accepted = z["ss1"], z["accepted"]  # QLSDPPState(position, memory)
@@ -166,12 +166,12 @@ def test_server_resumes_after_a_restart_with_the_same_samples(tmp_path):
             raise Crash("server killed")
         return reply
 
-    transport = LocalTransport(QLSD_PP, 3, crash_in_round_5)
+    transport = LocalTransport(QLSD_PP, 3, config.from_text, crash_in_round_5)
     with pytest.raises(Crash):
-        ServerRuntime(QLSD_PP, tmp_path).run(transport)
+        ServerRuntime(QLSD_PP, tmp_path, config.from_text).run(transport)
     transport.faults = None
     transport.stores = {i: {} for i in range(3)}  # a new run: the nodes' Context.state is gone
-    res = ServerRuntime(QLSD_PP, tmp_path, resume=True).run(transport)
+    res = ServerRuntime(QLSD_PP, tmp_path, config.from_text, resume=True).run(transport)
     np.testing.assert_array_equal(res.samples, reference(QLSD_PP).samples)
 
 
@@ -185,8 +185,8 @@ def test_no_raw_data_leaves_a_client(tmp_path):
         replies.append((i, reply))
         return reply
 
-    transport = LocalTransport(text, 3, record)
-    ServerRuntime(text, tmp_path).run(transport)
+    transport = LocalTransport(text, 3, config.from_text, record)
+    ServerRuntime(text, tmp_path, config.from_text).run(transport)
     data = config.build(tomllib.loads(text))["data"]
     d = 5
     assert {r[0] for r in replies} == {0, 1, 2}
@@ -261,8 +261,8 @@ def test_other_samplers_same_samples_over_the_runtime(text, tmp_path):
     and partial participation, pSGLD (one client), DG-SGLD and FedAvg give the simulator's
     samples bit for bit; DG-SGLD and FedAvg to 1-2 float32 ulps (see docs/flower.md)."""
     ref = reference(text)
-    server = ServerRuntime(text, tmp_path)
-    res = server.run(LocalTransport(text, server.b))
+    server = ServerRuntime(text, tmp_path, config.from_text)
+    res = server.run(LocalTransport(text, server.b, config.from_text))
     if text in (DG_SGLD, FEDAVG):
         np.testing.assert_allclose(res.samples, ref.samples, rtol=5e-7, atol=1e-8)
         assert not np.array_equal(res.samples[:, :1], res.samples[:, 1:2])  # the chain moved

@@ -18,7 +18,7 @@ from cryptography.x509.oid import NameOID
 
 from test_flower import FA_HMC, QLSD_PP, reference
 
-from fedmcmc.flower.launch import LocalDeployment, free_port
+from fedmcmc.app.flower.launch import LocalDeployment, free_port
 
 
 def _name(cn):

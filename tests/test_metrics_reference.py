@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedmcmc import metrics, reference
+from fedmcmc.evaluation import distances as metrics, reference
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
 from fedmcmc.models import gaussian_mean, gaussian_mean_posterior, logistic_regression
 

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from fedmcmc import from_clients, gradients
+from fedmcmc import from_clients
+from fedmcmc.estimators import gradients
 from fedmcmc.data.synthetic import heterogeneous_gaussian
-from fedmcmc.experiments.qlsd_toy_gaussian import running_mse, stationary_ula_posterior
+from fedmcmc.app.studies.qlsd_toy_gaussian import running_mse, stationary_ula_posterior
 from fedmcmc.models.gaussian import GaussianPosterior, gaussian_mean, gaussian_mean_posterior
 
 

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedmcmc import from_clients, gradients
+from fedmcmc import from_clients
+from fedmcmc.estimators import gradients
 from fedmcmc.models.layout import ParamLayout, initial_position
 from fedmcmc.models.lenet import lenet5, lenet5_layout
 from fedmcmc.models.logistic import logistic_regression

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 
-from fedmcmc import predictive as pr
+from fedmcmc.evaluation import predictive as pr
 from fedmcmc.models import logistic_regression
 
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedmcmc.experiments import get, qlsd_bnn_heterogeneous as study
+from fedmcmc.app.studies import get, qlsd_bnn_heterogeneous as study
 
 # 7x7 images, an MLP 49-8-10, 256 iterations, four methods (a pooled baseline, QLSD with partial
 # participation, QLSD++, FSGLD from the warm start): the study in seconds, compilation being most of it.

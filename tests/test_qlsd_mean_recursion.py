@@ -23,12 +23,13 @@ minibatches of N_i / 5, p = 0.5), which showed QLSD++ 28 s.e. off before the fix
 import numpy as np
 import pytest
 
-from fedmcmc import gradients, participation
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import participation
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian
 from fedmcmc.models import gaussian_mean
 from fedmcmc.samplers import lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star
-from fedmcmc.simulator import simulate
+from fedmcmc.runtime.simulator import simulate
 
 Z = 5.0
 CHAINS = 4000

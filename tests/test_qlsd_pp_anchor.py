@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 import harness as h
-from fedmcmc import gradients, participation
-from fedmcmc.base import Participation
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import participation
+from fedmcmc.core.base import Participation
 from fedmcmc.compression import identity, quantization
 from fedmcmc.samplers import lsd_pp, qlsd_pp
 from fedmcmc.samplers.qlsd_pp import QLSDPPBroadcast
-from fedmcmc.simulator import simulate
+from fedmcmc.runtime.simulator import simulate
 
 DATA = h.problem()
 MODEL = h.model_for(DATA)

@@ -9,7 +9,7 @@ from scipy import special
 
 import harness as h
 from fedmcmc.compression import quantization
-from fedmcmc.experiments import get, qlsd_big_data, qlsd_logistic, qlsd_memory, qlsd_omega, qlsd_toy_gaussian
+from fedmcmc.app.studies import get, qlsd_big_data, qlsd_logistic, qlsd_memory, qlsd_omega, qlsd_toy_gaussian
 from fedmcmc.models.gaussian import GaussianPosterior
 from fedmcmc.samplers import qlsd_pp
 

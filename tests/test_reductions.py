@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 import harness as h
-from fedmcmc import gradients, participation, simulator as simulate_mod
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import participation
+from fedmcmc.runtime import simulator as simulate_mod
 from fedmcmc.compression import identity, quantization
 from fedmcmc.samplers import lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
-from fedmcmc.simulator import DivergenceError, simulate
+from fedmcmc.runtime.simulator import DivergenceError, simulate
 
 DATA = h.problem()
 MODEL = h.model_for(DATA)
@@ -178,7 +180,7 @@ def test_sparse_execution_of_few_active_clients_equals_the_dense_path():
     same client states (checked through stateful samplers) and the same bit counts. XLA may
     compile a vmap over 1 client and over 4 with different float contractions, so FA-HMC's
     leapfrog loop agrees to rounding (a given configuration is still bit-for-bit reproducible)."""
-    from fedmcmc import participation as participation_lib
+    from fedmcmc.samplers import participation as participation_lib
     from fedmcmc.compression import quantization
     from fedmcmc.models import gaussian_mean
     from fedmcmc.samplers import fa_hmc, qlsd_pp
@@ -200,7 +202,7 @@ def test_sparse_execution_of_few_active_clients_equals_the_dense_path():
 def test_categorical_participation_visits_shards_with_their_probabilities():
     import jax
 
-    from fedmcmc import participation as participation_lib
+    from fedmcmc.samplers import participation as participation_lib
 
     f = np.array([0.1, 0.2, 0.3, 0.4])
     cat = participation_lib.categorical(f)

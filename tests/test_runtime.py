@@ -12,7 +12,7 @@ import pytest
 
 import fedmcmc
 from catalog import breast_cancer, samplers
-from fedmcmc import simulator, workers
+from fedmcmc.runtime import simulator, workers
 
 
 def test_import_changes_nothing_in_jax():
@@ -98,8 +98,8 @@ def test_chains_are_split_into_blocks_of_at_least_two():
 
 def test_tune_cpu_sets_the_default_number_of_workers():
     try:
-        assert fedmcmc.tune_cpu(3) == 3 and fedmcmc.cpu.default_workers() == 3
-        assert fedmcmc.tune_cpu() == len(fedmcmc.cpu.available_cores())
+        assert fedmcmc.tune_cpu(3) == 3 and fedmcmc.runtime.cpu.default_workers() == 3
+        assert fedmcmc.tune_cpu() == len(fedmcmc.runtime.cpu.available_cores())
         with pytest.raises(ValueError, match="positive integer"):
             fedmcmc.tune_cpu(0)
     finally:

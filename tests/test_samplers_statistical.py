@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import harness as h
-from fedmcmc import gradients, participation
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import participation
 from fedmcmc.compression import quantization
 from fedmcmc.samplers import lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
 

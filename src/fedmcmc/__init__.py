@@ -1,10 +1,10 @@
 """fedmcmc: Bayesian federated learning by federated stochastic-gradient MCMC."""
 
-from fedmcmc.base import ClientData, Compressor, FederatedSampler, Model, Participation
+from fedmcmc.core.base import ClientData, Compressor, FederatedSampler, Model, Participation
 from fedmcmc.data.federated import FederatedData, from_clients
-from fedmcmc.cpu import tune as tune_cpu
+from fedmcmc.runtime.cpu import tune as tune_cpu
 from fedmcmc.runtime.records import DivergenceError, SimulationResult
-from fedmcmc.simulator import simulate
+from fedmcmc.runtime.simulator import simulate
 
 __version__ = "0.1.0"
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from fedmcmc.base import Compressor
+from fedmcmc.core.base import Compressor
 from fedmcmc.compression.codec import (
     decode_dense,
     decode_qsgd,
@@ -96,7 +96,7 @@ def resolve_compressor(spec) -> Compressor:
         * a sequence of integers: ``quantization(levels)`` (one per client);
         * ``{"bits": p}`` (``p`` in ``[0, 24]`` or a list of them): ``quantization(2**p)``;
         * ``{"levels": s}`` or ``{"levels": [s_1, ..., s_b]}``: ``quantization(levels)``;
-        * a :class:`~fedmcmc.base.Compressor`: returned unchanged.
+        * a :class:`~fedmcmc.core.base.Compressor`: returned unchanged.
 
     Returns
     -------

@@ -61,8 +61,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fedmcmc.cpu import materialize
-from fedmcmc.types import Array
+from fedmcmc.runtime.cpu import materialize
+from fedmcmc.core.types import Array
 
 __all__ = [
     "BitWriter",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fedmcmc.base import CompressionInfo, Compressor
-from fedmcmc.types import Array, PRNGKey
+from fedmcmc.core.base import CompressionInfo, Compressor
+from fedmcmc.core.types import Array, PRNGKey
 
 __all__ = ["identity"]
 

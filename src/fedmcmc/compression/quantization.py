@@ -32,9 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.base import CompressionInfo, Compressor
+from fedmcmc.core.base import CompressionInfo, Compressor
 from fedmcmc.compression.codec import qsgd_encoded_bits
-from fedmcmc.types import Array, PRNGKey
+from fedmcmc.core.types import Array, PRNGKey
 
 __all__ = [
     "QuantizationState",
@@ -240,7 +240,7 @@ def quantization_omega(levels, d: int):
 
 
 def quantization(levels) -> Compressor:
-    """The stochastic quantiser ``C^(s)`` as a :class:`~fedmcmc.base.Compressor`.
+    """The stochastic quantiser ``C^(s)`` as a :class:`~fedmcmc.core.base.Compressor`.
 
     Parameters
     ----------

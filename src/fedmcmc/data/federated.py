@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.base import ClientData
+from fedmcmc.core.base import ClientData
 
 
 class FederatedData(NamedTuple):

@@ -53,7 +53,7 @@ def heterogeneous_local_posteriors(dim: int, num_clients: int = 10, means=(20.0,
 def gaussian_blobs(seed: int = 666, num_shards: int = 10, points_per_shard: int = 200, centre_range: float = 6.0,
                    scale: float = 1.0) -> FederatedData:
     """The Gaussian blobs of El Mekkaoui et al. (UAI 2021, Section 5.1), for a 2-D
-    :func:`~fedmcmc.models.gaussian_mean` (:func:`fedmcmc.problems.gaussian_blobs`).
+    :func:`~fedmcmc.models.gaussian_mean` (:func:`fedmcmc.app.problems.gaussian_blobs`).
 
     Shard ``s`` holds ``points_per_shard`` points ``c_s + scale * N(0, I_2)`` around a centre
     ``c_s ~ U([-centre_range, centre_range]^2)``; NumPy's generator seeded with ``seed`` draws

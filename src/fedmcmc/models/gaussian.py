@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
-from fedmcmc.base import Model
+from fedmcmc.core.base import Model
 from fedmcmc.data.federated import FederatedData
 
 

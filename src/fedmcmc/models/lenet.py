@@ -29,7 +29,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fedmcmc.base import Model
+from fedmcmc.core.base import Model
 from fedmcmc.models.layout import (ParamLayout, activation_fn, categorical_log_likelihood, check_positive_int,
                                    gaussian_log_prior, weight_scale)
 

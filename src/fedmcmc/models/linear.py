@@ -13,7 +13,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.base import Model
+from fedmcmc.core.base import Model
 from fedmcmc.data.federated import FederatedData
 
 

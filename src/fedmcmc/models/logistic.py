@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedmcmc.base import Model
+from fedmcmc.core.base import Model
 
 
 def logistic_regression(dim: int, prior_scale: float = 1.0) -> Model:

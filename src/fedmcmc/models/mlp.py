@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import jax
 
-from fedmcmc.base import Model
+from fedmcmc.core.base import Model
 from fedmcmc.models.layout import (ParamLayout, activation_fn, bernoulli_log_likelihood, bernoulli_probs,
                                    categorical_log_likelihood, check_positive_int, flat_input, flat_inputs,
                                    gaussian_log_prior, weight_scale)

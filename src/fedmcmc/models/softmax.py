@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import jax
 
-from fedmcmc.base import Model
+from fedmcmc.core.base import Model
 from fedmcmc.models.layout import (ParamLayout, categorical_log_likelihood, check_positive_int, flat_input,
                                    flat_inputs, gaussian_log_prior)
 

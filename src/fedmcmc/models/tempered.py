@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from fedmcmc.base import Model
+from fedmcmc.core.base import Model
 
 
 def tempered(model: Model, temperature: float) -> Model:

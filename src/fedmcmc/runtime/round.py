@@ -10,8 +10,8 @@ Keys (the same in every runtime, so that runs are reproducible bit for bit)::
 
 Every function here is for one chain; ``b`` is the number of clients, ``ids`` the indices of
 the clients being run (all of them in the simulator, one in a Flower node), and the client
-functions run those clients under ``vmap``. The simulator (:mod:`fedmcmc.simulator`) and the
-Flower runtime (:mod:`fedmcmc.flower.runtime`) add only what is theirs: chunks and chains, or
+functions run those clients under ``vmap``. The simulator (:mod:`fedmcmc.runtime.simulator`) and the
+Flower runtime (:mod:`fedmcmc.runtime.flower`) add only what is theirs: chunks and chains, or
 messages.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedmcmc.base import FederatedSampler
-from fedmcmc.cpu import materialize
+from fedmcmc.core.base import FederatedSampler
+from fedmcmc.runtime.cpu import materialize
 
 
 def chain_keys(seed: int, chains) -> jax.Array:
@@ -88,7 +88,7 @@ def participation(sampler: FederatedSampler, chain_key, k, b: int):
 
 
 def client_keys(chain_key, k, ids) -> jax.Array:
-    """The keys of clients ``ids`` in round ``k`` (materialised: see :func:`fedmcmc.cpu.materialize`)."""
+    """The keys of clients ``ids`` in round ``k`` (materialised: see :func:`fedmcmc.runtime.cpu.materialize`)."""
     return materialize(each(round_key(chain_key, k), ids))
 
 

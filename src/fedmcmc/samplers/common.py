@@ -7,8 +7,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedmcmc.base import Model
-from fedmcmc.types import Array, Schedule, resolve_schedule
+from fedmcmc.core.base import Model
+from fedmcmc.core.types import Array, Schedule, resolve_schedule
 
 
 class Broadcast(NamedTuple):

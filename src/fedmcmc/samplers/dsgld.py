@@ -17,11 +17,11 @@ chain follows shard ``s`` alone: with many local steps it drifts towards
 
     g_s(theta) = grad log q(theta) - (1 / f_s) grad log q_s(theta),     q = prod_s q_s,
 
-where ``q_s`` is a surrogate of shard ``s``'s density (:mod:`fedmcmc.surrogates`). ``g_s`` has
+where ``q_s`` is a surrogate of shard ``s``'s density (:mod:`fedmcmc.estimators.surrogates`). ``g_s`` has
 mean zero over ``s`` for any surrogates (their Lemma 1), so ``v_s + alpha g_s`` stays unbiased
 for every ``alpha > 0``. If ``q_s`` is exact up to a constant, as it is for conjugate Gaussian
 models, ``v_s + g_s`` equals the full-data gradient plus minibatch noise: the shard bias
-cancels. Surrogates of ``p(theta)^{f_s} p(x_s | theta)`` (what :mod:`fedmcmc.surrogates` fits)
+cancels. Surrogates of ``p(theta)^{f_s} p(x_s | theta)`` (what :mod:`fedmcmc.estimators.surrogates` fits)
 cancel it too when the prior is Gaussian, since the prior shares add up to the prior.
 With ``likelihood_only=True`` the surrogates are fitted to the local likelihood
 ``p(x_s | theta)`` alone (share 0), as in El Mekkaoui et al.'s Section 5.3 ("densities
@@ -31,8 +31,8 @@ the prior enters ``v_s`` only, exactly.
 **Communication.** Each round is one visit: the server sends ``theta`` (32 bits a
 coordinate) and the shard returns the visit's draws, the last of which is the new ``theta``.
 CG-DSGLD starts with a setup exchange: every shard fits ``q_s`` and uploads it once, the
-server sends ``q`` to every shard once (:func:`fedmcmc.surrogates.surrogate_bits` each way: a
-full precision travels as its upper triangle, :func:`fedmcmc.surrogates.pack`).
+server sends ``q`` to every shard once (:func:`fedmcmc.estimators.surrogates.surrogate_bits` each way: a
+full precision travels as its upper triangle, :func:`fedmcmc.estimators.surrogates.pack`).
 
 **Draws.** The chain's samples are its local iterates, every ``record_every`` local steps
 (El Mekkaoui et al. keep every 100th). With ``record_every < L`` a round yields
@@ -48,10 +48,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc import checks, gradients, participation as participation_lib, surrogates as surrogates_lib
-from fedmcmc.base import FederatedSampler, Model, Setup, per_client_count
+from fedmcmc.core import checks
+from fedmcmc.estimators import gradients, surrogates as surrogates_lib
+from fedmcmc.samplers import participation as participation_lib
+from fedmcmc.core.base import FederatedSampler, Model, Setup, per_client_count
 from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, float_bits
-from fedmcmc.types import resolve_schedule
+from fedmcmc.core.types import resolve_schedule
 
 
 class DSGLDState(NamedTuple):
@@ -121,7 +123,7 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
     record_every
         Local steps between recorded draws; must divide ``L``. Default ``L`` (one draw a visit).
     surrogate
-        A surrogate fitter from :mod:`fedmcmc.surrogates` (``taylor``, ``laplace``,
+        A surrogate fitter from :mod:`fedmcmc.estimators.surrogates` (``taylor``, ``laplace``,
         ``sgld_moments``) for CG-DSGLD; None for DSGLD.
     alpha
         ``alpha > 0``, the scale of the conducive gradient (CG-DSGLD only).

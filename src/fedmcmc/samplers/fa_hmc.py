@@ -114,11 +114,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc import checks, gradients, participation as participation_lib
-from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
+from fedmcmc.core import checks
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import participation as participation_lib
+from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
 from fedmcmc.samplers.common import ClientInfo, ServerInfo, float_bits
-from fedmcmc.types import resolve_schedule
+from fedmcmc.core.types import resolve_schedule
 
 _SEED_BITS = 64  # the shared momentum seed is one PRNG key: two uint32
 #: What ``local_steps`` (T) counts: leapfrog steps (the paper's experiments) or trajectories (Algorithm 3).

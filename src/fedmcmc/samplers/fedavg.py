@@ -47,11 +47,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedmcmc import checks, gradients, participation as participation_lib
-from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
+from fedmcmc.core import checks
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import participation as participation_lib
+from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
 from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, float_bits
-from fedmcmc.types import resolve_schedule
+from fedmcmc.core.types import resolve_schedule
 
 AGGREGATIONS = ("mcmahan", "unbiased")
 

@@ -45,8 +45,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc import checks, gradients, participation as participation_lib
-from fedmcmc.base import FederatedSampler, Model
+from fedmcmc.core import checks
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import participation as participation_lib
+from fedmcmc.core.base import FederatedSampler, Model
 from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, server_step_size
 
 

@@ -23,8 +23,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedmcmc import checks, gradients, participation as participation_lib
-from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
+from fedmcmc.core import checks
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import participation as participation_lib
+from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
 from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo,
                                      float_bits, langevin_update, server_step_size)
@@ -53,7 +55,7 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
     step_size
         gamma > 0, or a schedule ``k -> gamma_k``.
     oracle
-        ``oracle(key, theta, client_data) -> H_i(theta)`` (see :mod:`fedmcmc.gradients`).
+        ``oracle(key, theta, client_data) -> H_i(theta)`` (see :mod:`fedmcmc.estimators.gradients`).
     compressor
         Unbiased compressor applied by each client to its upload (identity if None).
     participation
@@ -105,7 +107,7 @@ def qlsd_sharp(model: Model, step_size, batch_size=None, compressor=None, partic
 
 def qlsd_star(model: Model, step_size, mode: gradients.ModeResult, batch_size=None, compressor=None,
               participation=None, name: str = "qlsd*") -> FederatedSampler:
-    """QLSD* : QLSD with control variates at the mode theta* (from :func:`fedmcmc.gradients.find_mode`).
+    """QLSD* : QLSD with control variates at the mode theta* (from :func:`fedmcmc.estimators.gradients.find_mode`).
 
     Clients compress ``(N_i / n_i) sum_{j in S_i} [grad U_ij(theta) - grad U_ij(theta*)]``,
     which vanishes at theta*, so the compression noise shrinks near the mode; the server

@@ -14,7 +14,7 @@ uploads ``Delta_i = C_i(H_i - eta_i)`` and updates its memory ``eta_i <- eta_i +
                   + sqrt(2 gamma_k) Z_{k+1},
     eta <- eta + sum_{i in A_k} alpha_i Delta_i,
 
-with ``w_i = b / |A_k|`` or ``1 / p_i`` (:mod:`fedmcmc.participation`) and ``U_0 = -log prior``.
+with ``w_i = b / |A_k|`` or ``1 / p_i`` (:mod:`fedmcmc.samplers.participation`) and ``U_0 = -log prior``.
 ``E[H_i] = grad U_i(theta_k)`` needs ``grad U_i(zeta_k)`` at the current anchor, and a client
 that was inactive when the anchor moved does not hold it. So each client stores the round of
 its anchor; the current anchor's round is ``l floor(k / l)``, known from ``k``. In a round where
@@ -67,8 +67,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc import checks, gradients, participation as participation_lib
-from fedmcmc.base import FederatedSampler, Model, Participation, per_client_count
+from fedmcmc.core import checks
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import participation as participation_lib
+from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
 from fedmcmc.samplers.common import (ClientInfo, ServerInfo, float_bits, langevin_update,
                                      server_step_size)

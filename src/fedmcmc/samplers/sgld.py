@@ -17,8 +17,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedmcmc import checks, gradients, participation as participation_lib
-from fedmcmc.base import FederatedSampler, Model
+from fedmcmc.core import checks
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import participation as participation_lib
+from fedmcmc.core.base import FederatedSampler, Model
 from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo,
                                      langevin_update, server_step_size)
 

@@ -1,0 +1,200 @@
+"""Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | flower sim|deploy CONFIG.toml | bench``.
+
+Bad input ends with one line on stderr that names the problem and the fix, and exit code 2;
+a run that diverges ends with exit code 3 and says which step size to lower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, as argparse does, but with our prefix
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"fedmcmc: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fedmcmc", description="Bayesian federated learning by federated SG-MCMC")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("list", help="list experiments, samplers and problems")
+    r = sub.add_parser("reproduce", help="run a paper reproduction by name")
+    r.add_argument("name")
+    r.add_argument("--quick", action="store_true", help="a smaller version that finishes in minutes")
+    r.add_argument("--out", type=Path, default=None, help="output folder (default results/NAME)")
+    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting of the study, e.g. --set step_size=4.9e-6")
+    r.add_argument("--no-progress", action="store_true")
+    _workers_option(r)
+    c = sub.add_parser("run", help="run a sampler described in a TOML file")
+    c.add_argument("config", type=Path)
+    c.add_argument("--out", type=Path, default=None, help="output folder (default results/CONFIG-NAME)")
+    c.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
+    c.add_argument("--no-progress", action="store_true")
+    _workers_option(c)
+    f = sub.add_parser("flower", help="run a config on Flower: simulation or local deployment engine")
+    f.add_argument("engine", choices=["sim", "deploy"])
+    f.add_argument("config", type=Path)
+    f.add_argument("--clients", type=int, default=None, help="number of clients (SuperNodes); default: the config's")
+    f.add_argument("--out", type=Path, default=None, help="output folder (default results/CONFIG-NAME-flower-ENGINE)")
+    f.add_argument("--resume", action="store_true", help="continue a run whose server stopped, in the same --out")
+    b = sub.add_parser("bench", help="measure throughput against the NumPy reference")
+    b.add_argument("--quick", action="store_true")
+    b.add_argument("--out", type=Path, default=Path("results/bench"))
+    _workers_option(b)
+    return p
+
+
+def _workers_option(parser) -> None:
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="worker processes to spread chains over (default: one per core, but 1 for reproduce --quick; "
+                             "1: this process only)")
+
+
+def _list() -> None:
+    from fedmcmc.app import config, studies as experiments, problems
+
+    print("experiments (fedmcmc reproduce NAME [--quick]):")
+    for name, module in sorted(experiments.EXPERIMENTS.items()):
+        print(f"  {name:24s} {module.SUMMARY}")
+    print("samplers ([sampler] name in a run config):")
+    for name, text in config.SAMPLERS.items():
+        print(f"  {name:24s} {text}")
+    print("problems ([problem] name in a run config):")
+    for name in problems.PROBLEMS:
+        print(f"  {name:24s} {problems.summary(name)}")
+
+
+def _main(args) -> int:
+    if args.command == "list":
+        _list()
+        return 0
+    if args.command in ("reproduce", "run", "bench"):
+        import fedmcmc
+
+        quick = args.command == "reproduce" and args.quick  # many short runs: compiling once pays more
+        fedmcmc.tune_cpu(1 if args.workers is None and quick else args.workers)
+    if args.command == "reproduce":
+        from fedmcmc.app import studies as experiments
+
+        module = experiments.get(args.name)
+        out = args.out or Path("results") / (args.name + ("-quick" if args.quick else ""))
+        payload = module.run(out, quick=args.quick, seed=args.seed, progress=not args.no_progress,
+                             resume=args.resume, settings=_overrides(args.set, module))
+        print(f"wrote {out}/results.json, posterior draws (.nc) and figures ({payload['wall_seconds']:.0f} s)")
+        return 0
+    if args.command == "run":
+        from fedmcmc.app import config
+
+        out = args.out or Path("results") / args.config.stem
+        payload = config.run(args.config, out, resume=args.resume, progress=not args.no_progress)
+        print(f"wrote {out}/results.json and {out}/posterior.nc; posterior mean error "
+              f"{payload['posterior_mean_error']:.3g}, variance ratio {payload['posterior_variance_ratio']:.3g}")
+        return 0
+    if args.command == "flower":
+        from fedmcmc.runtime.flower import launch
+
+        out = args.out or Path("results") / f"{args.config.stem}-flower-{args.engine}"
+        run = launch.run_sim if args.engine == "sim" else launch.run_deploy
+        payload = run(args.config, out, clients=args.clients, resume=args.resume)
+        print(f"wrote {out}/results.json and {out}/posterior.nc ({args.engine} engine, "
+              f"{payload['flower']['median_round_seconds']:.2f} s per round); posterior mean error "
+              f"{payload['posterior_mean_error']:.3g}, variance ratio {payload['posterior_variance_ratio']:.3g}")
+        return 0
+    if args.command == "bench":
+        from fedmcmc.app.bench import run as run_bench
+
+        payload = run_bench(args.out, quick=args.quick)
+        print(f"wrote {args.out}/bench.json: speedup_vs_numpy {payload['speedup_vs_numpy']:.1f}, "
+              f"federation_overhead {payload['federation_overhead']:.2f}, "
+              f"fa_hmc_overhead {payload['fa_hmc_overhead']:.2f}")
+        return 0
+    raise AssertionError(args.command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    args = _parser().parse_args(argv)
+    from fedmcmc.runtime.records import DivergenceError
+    from fedmcmc.runtime.workers import WorkerError
+
+    try:
+        return _main(args)
+    except DivergenceError as err:
+        step = _step_size_hint(args)
+        hint = f": lower the step size (now {step:g}), e.g. to {step / 2:g}" if step else ": lower the step size"
+        sys.stderr.write(f"fedmcmc: error: the run diverged (NaN/inf) by iteration {err.iteration}{hint}\n")
+        return 3
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        message = err.args[0] if err.args else repr(err)
+        sys.stderr.write(f"fedmcmc: error: {message}\n")
+        return 2
+    except WorkerError as err:
+        sys.stderr.write(f"fedmcmc: error: {err.args[0].splitlines()[0]}; rerun with --resume, or with --workers 1 "
+                         "to run every chain in this process\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("fedmcmc: interrupted; rerun with --resume to continue from the last chunk\n")
+        return 130
+
+
+def _overrides(pairs: list[str], module) -> dict:
+    """Parse ``--set KEY=VALUE`` pairs against the study's own settings (numbers, or
+    comma-separated values for list settings)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in module.FULL:
+            raise ValueError(f"--set {pair!r}: use KEY=VALUE with KEY one of {', '.join(sorted(module.FULL))}")
+        default = module.FULL[key]
+        if isinstance(default, (list, tuple)) and all(isinstance(x, str) for x in default):
+            out[key] = value.split(",")
+        elif isinstance(default, (list, tuple)):
+            out[key] = [_number(pair, key, v, all(isinstance(x, int) for x in default)) for v in value.split(",")]
+        elif isinstance(default, str):
+            out[key] = value
+        else:
+            out[key] = _number(pair, key, value, isinstance(default, int))
+        if key == "step_size" and not out[key] > 0:
+            raise ValueError(f"--set {pair!r}: step_size must be > 0")
+    return out
+
+
+def _number(pair: str, key: str, value: str, integer: bool):
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"--set {pair!r}: {key} must be a number (or numbers separated by commas)") from None
+    if integer:
+        if not number.is_integer():
+            raise ValueError(f"--set {pair!r}: {key} must be an integer")
+        return int(number)
+    return number
+
+
+def _step_size_hint(args):
+    try:
+        if args.command in ("run", "flower"):
+            from fedmcmc.app import config
+
+            return float(config.load(args.config)["sampler"]["step_size"])
+        if args.command == "reproduce":
+            from fedmcmc.app import studies as experiments
+
+            module = experiments.get(args.name)
+            settings = {**(module.QUICK if args.quick else module.FULL), **_overrides(args.set, module)}
+            return float(settings["step_size"])
+    except Exception:  # the hint is optional; the error itself is already known
+        return None
+    return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

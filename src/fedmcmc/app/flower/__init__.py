@@ -1,0 +1,6 @@
+"""fedmcmc on Flower (flwr 1.41): every sampler of a ``fedmcmc run`` config as a ServerApp and a
+ClientApp, with the simulator's samples (docs/flower.md).
+
+* :mod:`fedmcmc.app.flower.apps` -- the Flower ``server_app`` and ``client_app``.
+* :mod:`fedmcmc.app.flower.launch` -- ``fedmcmc flower sim|deploy``.
+"""

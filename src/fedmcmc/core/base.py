@@ -1,0 +1,224 @@
+"""The contract between algorithms and runtimes.
+
+Every federated sampler is a :class:`FederatedSampler`: four pure functions that the
+vectorised simulator (:func:`fedmcmc.simulate`) and the Flower runtime both call.
+Keys are always the first argument; states and infos are NamedTuples.
+
+Round ``k`` of a run, for one chain::
+
+    mask             = participation.sample(participation_key, num_clients)
+    for every client i (vectorised):   # the client sees only its own data
+        client_state_i, upload_i, cinfo_i = client_step(key_i, client_state_i, broadcast, data_i, k)
+    server_state, broadcast, sinfo = server_step(server_key, server_state, uploads, mask, k)
+    sample_k         = server_state.position   (or the rows of server_state.draws, see below)
+
+Before round 1, a sampler with a :class:`Setup` runs one exchange with every client:
+surrogates or statistics computed where the data lives, combined by the server and sent back
+once (CG-DSGLD's Gaussian surrogates). A sampler whose chain moves several times per round
+(DSGLD, whose chain runs many local steps on one shard per visit) sets ``draws_per_round``
+and keeps that round's draws in ``server_state.draws``.
+
+Inactive clients (``mask[i] == False``) keep their state and their upload is ignored.
+The round number ``k`` is given by the runtime, the same for every chain: step-size
+schedules and periodic events (SVRG refreshes, synchronisations) branch on it with
+``lax.cond``, which stays a real branch when chains are vectorised.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from fedmcmc.core.types import Array
+
+
+class ClientData(NamedTuple):
+    """One client's data as the client sees it.
+
+    Attributes
+    ----------
+    x
+        Pytree of arrays with leading axis ``n_max`` (padded); only the first ``count``
+        rows are real data.
+    count
+        Number of real data points ``N_i`` (int scalar).
+    index
+        Client index ``i`` (int scalar); used for per-client settings such as the
+        number of quantisation levels or the participation probability.
+    """
+
+    x: Any
+    count: Array
+    index: Array
+
+
+class Model(NamedTuple):
+    """A Bayesian model: pi(theta | D) ∝ prior(theta) prod_ij p(x_ij | theta).
+
+    ``theta`` is a flat vector of dimension ``dim`` (models unflatten internally, so
+    that every message is a flat vector that compressors can encode).
+
+    Attributes
+    ----------
+    log_likelihood
+        ``log_likelihood(theta, datum) -> scalar``, the log-density of one data point.
+    log_prior
+        ``log_prior(theta) -> scalar``; counted once, on the server.
+    dim
+        Dimension ``d`` of ``theta``.
+    name
+        Short name used in outputs.
+    predict
+        Optional ``predict(theta, inputs) -> predictions`` for a batch of inputs: class
+        probabilities ``[n, K]`` for classifiers, predictive means ``[n]`` for regression.
+        Predictive metrics average it over posterior draws (the Bayesian model average).
+    """
+
+    log_likelihood: Callable[[Array, Any], Array]
+    log_prior: Callable[[Array], Array]
+    dim: int
+    name: str = "model"
+    predict: Callable[[Array, Any], Array] | None = None
+
+
+class CompressionInfo(NamedTuple):
+    """What a compressor reports about one message.
+
+    Attributes
+    ----------
+    bits
+        Exact length in bits of the encoded message (int32), equal to what the wire
+        codec writes before padding to whole bytes.
+    """
+
+    bits: Array
+
+
+class Compressor(NamedTuple):
+    """An unbiased compression operator that owns its message, Optax-shaped.
+
+    ``init(v_like, index) -> state`` builds the state of client ``index``;
+    ``apply(key, v, state) -> (message, state, CompressionInfo)`` compresses ``v`` into the
+    message a client uploads (a pytree of arrays; ``CompressionInfo.bits`` is its encoded
+    length); ``decode(message) -> v_hat`` is what the receiver computes, with E[v_hat] = v
+    and E||v_hat - v||^2 <= omega ||v||^2, and must give 0 for an all-zero message (the
+    runtimes hold zeros for inactive clients); ``omega(d)`` gives omega for vectors of
+    dimension ``d`` (a scalar, or an array over clients for per-client compressors).
+    """
+
+    init: Callable[..., Any]
+    apply: Callable[..., tuple]
+    decode: Callable[[Any], Any]
+    omega: Callable[[int], Any]
+    name: str = "compressor"
+
+
+class Participation(NamedTuple):
+    """Which clients take part in a round, and how their uploads are weighted.
+
+    Attributes
+    ----------
+    sample
+        ``sample(key, num_clients) -> mask`` (bool, shape ``[num_clients]``).
+    weights
+        ``weights(mask) -> w`` (float, shape ``[num_clients]``): the factor applied to each
+        upload when the server sums them; zero for inactive clients.
+    pause_when_empty
+        If True, a round with no active client leaves the chain where it is (the server
+        waits); if False, the likelihood term of that round is zero.
+    name
+        Short name used in outputs.
+    num_clients
+        The number of clients its per-client settings are for (None if it has none).
+    max_active
+        An upper bound on the number of active clients in any round, or None. When it is
+        set, the simulator runs ``client_step`` for at most that many clients instead of all
+        of them (same keys, same results).
+    probs
+        ``p_i``, the probability that client ``i`` is active in a round: a float, or a tuple
+        with one entry per client (hashable, like the rest of a sampler); None if the scheme
+        has none. QLSD++'s memory update of eq. S45 divides by it.
+    """
+
+    sample: Callable[[Array, int], Array]
+    weights: Callable[[Array], Array]
+    pause_when_empty: bool = False
+    name: str = "participation"
+    num_clients: int | None = None
+    max_active: int | None = None
+    probs: Any = None
+
+
+class Setup(NamedTuple):
+    """A one-off exchange before round 1, with every client.
+
+    ``client(key, client_state, broadcast, client_data) -> (client_state, upload, info)`` runs on
+    every client (``info.bits`` is the upload's size on the wire);
+    ``server(key, server_state, uploads) -> (server_state, message, info)`` combines the uploads
+    (leading client axis) into one ``message`` sent to every client (``info.broadcast_bits`` is
+    its size); ``receive(client_state, message) -> client_state`` stores it on each client.
+    """
+
+    client: Callable[..., tuple]
+    server: Callable[..., tuple]
+    receive: Callable[..., Any]
+
+
+class FederatedSampler(NamedTuple):
+    """A federated MCMC algorithm as four pure functions (see the module docstring).
+
+    Attributes
+    ----------
+    init
+        ``init(key, theta0) -> (server_state, broadcast)``; ``server_state.position`` is
+        the current sample.
+    client_init
+        ``client_init(key, broadcast, client_data) -> client_state``: surrogates, memory
+        terms, control variates, built where the data lives.
+    client_step
+        ``client_step(key, client_state, broadcast, client_data, k) -> (client_state, upload, info)``;
+        ``info.bits`` is the exact size in bits of ``upload`` on the wire.
+    server_step
+        ``server_step(key, server_state, uploads, mask, k) -> (server_state, broadcast, info)``;
+        ``uploads`` carries a leading client axis.
+    participation
+        The participation scheme the server uses to draw ``mask``.
+    name
+        Short name used in outputs.
+    num_clients
+        The number of clients its per-client settings (batch sizes, quantisation levels,
+        participation probabilities) are for, or None; the runtime checks it against the data,
+        since a per-client value is looked up by client index.
+    setup
+        A :class:`Setup` exchange run once before round 1, or None.
+    draws_per_round
+        ``m``: the number of draws a round yields. If ``m > 1``, ``server_state.draws`` is
+        ``[m, d]``, the round's draws in order, and the runtime records them all.
+    """
+
+    init: Callable[..., tuple]
+    client_init: Callable[..., Any]
+    client_step: Callable[..., tuple]
+    server_step: Callable[..., tuple]
+    participation: Participation
+    name: str = "sampler"
+    num_clients: int | None = None
+    setup: Setup | None = None
+    draws_per_round: int = 1
+
+
+def per_client_count(*settings, known=()) -> int | None:
+    """The number of clients that per-client settings are for.
+
+    ``settings`` are values that are either the same for every client (a scalar or None) or
+    given per client (an array with more than one entry); ``known`` are client counts
+    already established (ints, or None). Returns their common value, or None if nothing is
+    per client; different lengths raise ValueError.
+    """
+    lengths = {int(np.size(x)) for x in settings if x is not None and np.size(x) > 1}
+    lengths |= {int(n) for n in known if n}
+    if len(lengths) > 1:
+        raise ValueError(f"per-client settings have different lengths {sorted(lengths)}; "
+                         "give one value per client for each")
+    return lengths.pop() if lengths else None

@@ -1,0 +1,1 @@
+"""Gradient estimators of a client's potential and the Gaussian surrogates of its density."""

@@ -1,0 +1,204 @@
+"""One client of a run on its own data, answering the server's messages (no Flower here).
+
+:class:`ClientRuntime` runs all chains of one client (chains under ``vmap``) with the round of
+:mod:`fedmcmc.runtime.round`, so its uploads are the simulator's. Messages are dicts of ``str``,
+``int``, ``bytes`` and lists of them (what a Flower ``ConfigRecord`` carries); the kinds are
+``hello``, ``init``, ``setup``, ``setup_receive`` and ``round`` (see :mod:`fedmcmc.runtime.flower.server`
+for the faults and the commit rule of pending states).
+
+The run is named by its config text and built by the ``build`` function the caller passes
+(``text -> (cfg, built)``: :func:`fedmcmc.app.config.from_text` for ``fedmcmc run`` configs), so
+this layer knows nothing of the config format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedmcmc.runtime import cpu
+from fedmcmc.runtime import round as rnd
+from fedmcmc.runtime.flower.wire import encode_upload, items, pack, unpack
+from fedmcmc.runtime.records import save_npz
+from fedmcmc.runtime.round import chain_keys
+
+#: ``build(config_text) -> (cfg, built)``: the parsed config and the built run (``sampler``,
+#: ``data``, ``model``).
+Build = Callable[[str], "tuple[dict, dict]"]
+
+
+def config_hash(text: str) -> str:
+    """The run's identity: a short hash of its config text."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+
+
+_SHARED: dict[str, dict] = {}
+
+
+def _shared_client(cfg_text: str, build: Build) -> dict:
+    """The built problem and the jitted client functions of a config, shared by the clients
+    of one process (data and client index are arguments, so they compile once)."""
+    key = config_hash(cfg_text)
+    if key in _SHARED:
+        return _SHARED[key]
+    cfg, built = build(cfg_text)
+    s, b = built["sampler"], built["data"].num_clients
+
+    def init(ck, bc, data, ids):
+        return rnd.client_init(s, ck, bc, data, ids)
+
+    def step(ck, cs, bc, m, k, data, ids):
+        new_cs, up, info = rnd.client_round(s, ck, k, cs, bc, data, ids, m)
+        return new_cs, up, info.bits
+
+    functions = {
+        "first": cpu.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1])),
+        "init": cpu.jit(jax.vmap(init, (0, 0, None, None))),
+        "step": cpu.jit(jax.vmap(step, (0, 0, 0, 0, None, None, None))),
+        "accept": cpu.jit(jax.vmap(rnd.select)),
+    }
+    if s.setup is not None:
+        def setup(ck, cs, bc, data, ids):
+            return rnd.setup_clients(s, ck, cs, bc, data, ids, b)
+
+        functions["setup"] = cpu.jit(jax.vmap(setup, (0, 0, 0, None, None)))
+        functions["receive"] = cpu.jit(jax.vmap(partial(rnd.setup_receive, s)))
+    _SHARED[key] = {"cfg": cfg, "sampler": s, "data": built["data"], "dim": built["model"].dim,
+                    "functions": functions}
+    if len(_SHARED) > 8:
+        _SHARED.pop(next(iter(_SHARED)))
+    return _SHARED[key]
+
+
+class ClientRuntime:
+    """One client (partition ``index``) of a run: all chains, its own data only.
+
+    ``handle(message, store)`` answers one server message; ``store`` is the node's persistent
+    dict (Flower's ``Context.state``), holding ``committed`` and ``pending`` client states.
+    """
+
+    def __init__(self, cfg_text: str, index: int, build: Build, data_fn: Callable | None = None):
+        shared = _shared_client(cfg_text, build)
+        self.cfg, self.sampler = shared["cfg"], shared["sampler"]
+        data = shared["data"]
+        self.b = data.num_clients
+        if not 0 <= index < self.b:
+            raise ValueError(f"partition id {index} out of range for {self.b} clients; start node i with "
+                             "--node-config 'partition-id=i' for i in 0..num_clients-1")
+        self.index = int(index)
+        r = self.cfg["run"]
+        self.chain_keys = chain_keys(r.get("seed", 0), np.arange(r["num_chains"]))
+        # The client's own data (never sent anywhere), as a vmap batch of ``width`` copies: XLA
+        # compiles a batch of one differently from the simulator's batch of b clients (the
+        # last bit of a reduction can differ), a batch of b identical copies exactly alike.
+        self.width = self.b if self.cfg.get("flower", {}).get("exact", True) else 1
+        own = data_fn(index) if data_fn else jax.tree_util.tree_map(
+            lambda a: np.asarray(a)[index:index + 1], data.clients())
+        self.data = jax.tree_util.tree_map(lambda a: jnp.asarray(np.repeat(a, self.width, axis=0)), own)
+        self.ids = jnp.full((self.width,), self.index, jnp.uint32)
+        f = shared["functions"]
+        first = f["first"]
+        self.init = lambda ck, bc: first(f["init"](ck, bc, self.data, self.ids))
+        self.step = lambda ck, cs, bc, m, k: first(f["step"](ck, self._tile(cs), bc, jnp.repeat(m, self.width, axis=1),
+                                                             k, self.data, self.ids))
+        self.accept = f["accept"]
+        self.setup = self.receive = None
+        if self.sampler.setup is not None:
+            self.setup = lambda ck, cs, bc: first(f["setup"](ck, self._tile(cs), bc, self.data, self.ids))
+            self.receive = lambda cs, msg: first(f["receive"](self._tile(cs), msg))
+        self._likes(shared["dim"])
+
+    def _tile(self, tree):
+        return jax.tree_util.tree_map(lambda a: jnp.repeat(a, self.width, axis=1), tree)
+
+    def _likes(self, dim: int):
+        s, C = self.sampler, self.chain_keys.shape[0]
+        theta0 = jax.ShapeDtypeStruct((C, dim), jnp.float32)
+        init_keys = jax.ShapeDtypeStruct(self.chain_keys.shape, self.chain_keys.dtype)
+        ss_like, self.bc_like = jax.eval_shape(jax.vmap(s.init), init_keys, theta0)
+        self.cs_like = jax.eval_shape(self.init, init_keys, self.bc_like)
+        self.msg_like = None
+        if s.setup is not None:
+            up = jax.eval_shape(self.setup, init_keys, self.cs_like, self.bc_like)[1]
+            up = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((C, self.b) + a.shape[2:], a.dtype), up)
+            self.msg_like = jax.eval_shape(jax.vmap(lambda k, ss, u: s.setup.server(k, ss, u)[1]),
+                                           init_keys, ss_like, up)
+
+    def handle(self, msg: dict, store: dict) -> dict:
+        """Answer one server message (see the module docstring for the kinds)."""
+        kind = msg["kind"]
+        if kind == "hello":
+            return {"index": self.index}
+        C = self.chain_keys.shape[0]
+        flags = [jax.ShapeDtypeStruct((C,), jnp.bool_)]
+        state_dir = Path(msg["state_dir"]) if msg.get("state_dir") else None
+        if kind == "init":
+            if int(msg.get("resume_from", -1)) > 0:
+                k = int(msg["resume_from"])
+                saved = sorted(int(p.stem[5:]) for p in (state_dir / f"client{self.index}").glob("round*.npz")
+                               if int(p.stem[5:]) < k) if state_dir else []
+                if not saved:
+                    raise RuntimeError(f"client {self.index} has no saved state before round {k} in {state_dir}")
+                with np.load(state_dir / f"client{self.index}" / f"round{saved[-1]}.npz") as z:
+                    store.update(committed=z["committed"].tobytes(), pending=z["pending"].tobytes(), k=saved[-1])
+                return {"ok": 1}
+            bc = unpack(msg["broadcast"], self.bc_like)
+            cs = self.init(self.chain_keys, bc)
+            store.update(committed=pack(cs), pending=pack(cs), k=-1)
+            if state_dir is not None:
+                self._save(state_dir, -1, store, 0)
+            return {"ok": 1}
+        committed = unpack(store["committed"], self.cs_like)
+        if kind == "setup":
+            cs, up, info = self.setup(self.chain_keys, committed, unpack(msg["broadcast"], self.bc_like))
+            store.update(committed=pack(cs), pending=pack(cs))
+            return {"upload": pack(up), "bits": [int(x) for x in np.asarray(info.bits)[:, 0]]}
+        if kind == "setup_receive":
+            cs = self.receive(committed, unpack(msg["message"], self.msg_like))
+            store.update(committed=pack(cs), pending=pack(cs))
+            if state_dir is not None:
+                self._save(state_dir, -1, store, 0)
+            return {"ok": 1}
+        if kind == "round":
+            k = int(msg["k"])
+            accepted = unpack(msg["accepted"], flags)[0]
+            mask = unpack(msg["mask"], flags)[0]
+            pending = unpack(store["pending"], self.cs_like)
+            cs = self.accept(jnp.asarray(accepted), pending, committed)
+            bc = unpack(msg["broadcast"], self.bc_like)
+            new_cs, up, bits = self.step(self.chain_keys, cs, bc, jnp.asarray(mask)[:, None], jnp.int32(k))
+            store.update(committed=pack(cs), pending=pack(new_cs), k=k)
+            if state_dir is not None:
+                self._save(state_dir, k, store, int(msg.get("keep", 3)))
+            chains = [int(c) for c in np.flatnonzero(mask)]
+            reply: dict[str, Any] = {"chains": chains, "bits": [], "wire_bits": []}
+            parts = items(jax.tree_util.tree_map(np.asarray, up))
+            bits = np.asarray(bits)
+            for c in chains:
+                enc = encode_upload([jax.tree_util.tree_map(lambda a: a[c, 0], part) for part in parts])
+                reply[f"codecs/{c}"] = enc.codecs
+                for j, blob in enumerate(enc.blobs):
+                    reply[f"blob/{c}/{j}"] = blob
+                reply["bits"].append(int(bits[c, 0]))
+                reply["wire_bits"].append(int(enc.bits))
+            return reply
+        raise ValueError(f"unknown message kind {kind!r}")
+
+    def _save(self, state_dir: Path, k: int, store: dict, keep: int):
+        """The node's own checkpoint (its state folder): the state after round ``k``; files of
+        rounds more than ``keep`` rounds back are removed (the server's chunk length + 2)."""
+        folder = state_dir / f"client{self.index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        save_npz(folder / f"round{k}.npz", committed=np.frombuffer(store["committed"], np.uint8),
+                  pending=np.frombuffer(store["pending"], np.uint8))
+        for old in folder.glob("round*.npz"):
+            if int(old.stem[5:]) < k - keep:
+                old.unlink()

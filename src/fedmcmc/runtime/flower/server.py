@@ -1,0 +1,277 @@
+"""The server of a run without Flower: the server loop over a transport that reaches the clients.
+
+:class:`ServerRuntime` runs the server side of any :class:`~fedmcmc.core.base.FederatedSampler`
+over a transport (Flower's ``Grid`` in :mod:`fedmcmc.app.flower.apps`, or direct calls in tests);
+:class:`~fedmcmc.runtime.flower.client.ClientRuntime` runs one client's side on its own data. Messages are dicts of
+``str``, ``int``, ``bytes`` and lists of them (what a Flower ``ConfigRecord`` carries).
+
+Same samples as :func:`fedmcmc.simulate`: both call the round of :mod:`fedmcmc.runtime.round`
+(with its key schedule). Every node runs all chains of its client (chains under ``vmap``), and
+the server stacks the replies into the leading client axis and calls the same ``server_step``.
+
+Faults. A client that fails, times out, or sends an upload that :func:`~fedmcmc.runtime.flower.wire.decode_upload`
+rejects is inactive for that round (``mask[c, i] = False``, which the sampler's participation
+weights see). The client keeps its round result as *pending* and commits it only when the
+next round's message says the upload was accepted; otherwise it keeps its previous state,
+exactly as an inactive client does in the simulator. The server writes draws and its state
+every chunk of rounds; each node writes its own state every round to its state folder, so
+a restarted server resumes (``resume=True``) with the same samples as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedmcmc.runtime import cpu
+from fedmcmc.runtime import round as rnd
+from fedmcmc.runtime.flower.client import Build, ClientRuntime, config_hash
+from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, items, pack, unpack
+from fedmcmc.runtime.records import assemble, check_finite, fingerprint, save_npz
+from fedmcmc.runtime.round import chain_keys
+
+log = logging.getLogger("fedmcmc.runtime.flower")
+
+#: Default settings of the ``[flower]`` part of a run (``ServerRuntime`` keyword arguments).
+DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8}
+
+
+
+
+class Transport(Protocol):
+    """How the server reaches the clients: ``exchange({client: message}, timeout)`` returns
+    ``{client: reply}``, with ``None`` for a client that failed or did not answer in time."""
+
+    def exchange(self, messages: dict[int, dict], timeout: float | None) -> dict[int, dict | None]: ...
+
+
+class ServerRuntime:
+    """The server side of a run described by a config (TOML text), over a transport.
+
+    Parameters
+    ----------
+    cfg_text
+        The run config (``fedmcmc run`` format); its optional ``[flower]`` settings are
+        ``round_timeout`` (seconds a round waits for replies) and ``max_upload_norm``.
+    out_dir
+        Output folder: ``chunks/`` (draws, server state) and ``nodes/`` (the clients' own
+        checkpoints in a local run; a real deployment keeps them on each node).
+    build
+        ``build(cfg_text) -> (cfg, built)`` (:func:`fedmcmc.app.config.from_text`).
+    resume
+        Continue a run whose server stopped, from its last completed chunk.
+    """
+
+    def __init__(self, cfg_text: str, out_dir, build: Build, resume: bool = False, state_dir=None):
+        self.cfg_text = cfg_text
+        self.cfg, self.built = build(cfg_text)
+        self.flower = {**DEFAULTS, **self.cfg.get("flower", {})}
+        self.sampler, data = self.built["sampler"], self.built["data"]
+        self.b = data.num_clients
+        r = self.cfg["run"]
+        self.seed, self.C = int(r.get("seed", 0)), int(r["num_chains"])
+        self.N, self.burn_in, self.thinning = int(r["num_iterations"]), int(r.get("burn_in", 0)), int(r.get("thinning", 1))
+        self.chunk = int(r.get("chunk_size") or max(self.thinning, (min(self.N, 20) // self.thinning) * self.thinning))
+        self.out_dir, self.resume = Path(out_dir), resume
+        self.state_dir = str(state_dir if state_dir is not None else self.out_dir / "nodes")
+        self.stats = {"rejected_uploads": 0, "missing_replies": 0, "wire_bits_mismatch": 0, "round_seconds": []}
+        self.chain_keys = chain_keys(self.seed, np.arange(self.C))
+        self._compile(data)
+
+    def _compile(self, data):
+        s, b = self.sampler, self.b
+        self.init = cpu.jit(jax.vmap(lambda ck, theta0: rnd.server_init(s, ck, theta0, b)))
+        self.masks = cpu.jit(jax.vmap(lambda ck, k: rnd.participation(s, ck, k, b), (0, None)))
+        self.step = cpu.jit(jax.vmap(lambda ck, ss, up, m, k: rnd.server_round(s, ck, k, ss, up, m, b),
+                                     (0, 0, 0, 0, None)))
+        if s.setup is not None:
+            self.setup = cpu.jit(jax.vmap(lambda ck, ss, up: rnd.setup_server(s, ck, ss, up, b)))
+        d = self.built["model"].dim
+        self.theta0 = jnp.zeros((self.C, d), jnp.float32)
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        ss, bc = jax.eval_shape(s.init, key, jax.ShapeDtypeStruct((d,), jnp.float32))
+        client0 = data.client(0)
+        cs = jax.eval_shape(s.client_init, key, bc, client0)
+        up = jax.eval_shape(s.client_step, key, cs, bc, client0, jnp.int32(0))[1]
+        self.up_leaves, self.up_treedef = jax.tree_util.tree_flatten(up)
+        self.up_parts = items(up)
+        self.ss_like, self.bc_like = jax.eval_shape(self.init, jax.ShapeDtypeStruct((self.C, 2), jnp.uint32),
+                                                    self.theta0)
+        if s.setup is not None:
+            self.setup_up_like = jax.tree_util.tree_map(
+                lambda a: jax.ShapeDtypeStruct((self.C, 1) + a.shape, a.dtype),
+                jax.eval_shape(s.setup.client, key, cs, bc, client0)[1])
+
+    def _message(self, kind: str, **fields) -> dict:
+        return {"kind": kind, "config": self.cfg_text, "state_dir": self.state_dir, **fields}
+
+    def _all(self, transport, messages: dict, what: str) -> dict:
+        replies = transport.exchange(messages, self.flower["round_timeout"])
+        missing = [i for i in messages if replies.get(i) is None]
+        if missing:
+            raise RuntimeError(f"client(s) {missing} did not answer the {what} message; every client is needed "
+                               f"before round 1 (check that the SuperNodes are running)")
+        return replies
+
+    def run(self, transport: Transport, progress: bool = False):
+        """Run (or resume) the rounds; returns the :class:`~fedmcmc.runtime.simulator.SimulationResult`."""
+        run_fingerprint = fingerprint(runtime="flower", config=config_hash(self.cfg_text), chunk=self.chunk)
+        chunk_dir = self.out_dir / "chunks"
+        state_path = chunk_dir / "state.npz"
+        pieces, done, wall = [], 0, 0.0
+        accepted = np.zeros((self.C, self.b), bool)
+        setup_bits = (np.zeros(self.C, np.int64), np.zeros(self.C, np.int64))
+        ss_leaves, ss_def = jax.tree_util.tree_flatten(self.ss_like)
+        bc_leaves, bc_def = jax.tree_util.tree_flatten(self.bc_like)
+        clients = range(self.b)
+        if self.resume and state_path.exists():
+            with np.load(state_path) as z:
+                if str(z["fingerprint"]) != run_fingerprint:
+                    raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
+                                     "use another --out folder or drop --resume")
+                done, wall = int(z["done"]), float(z["wall"])
+                server_state = jax.tree_util.tree_unflatten(ss_def, [jnp.asarray(z[f"ss{i}"]) for i in range(len(ss_leaves))])
+                broadcast = jax.tree_util.tree_unflatten(bc_def, [jnp.asarray(z[f"bc{i}"]) for i in range(len(bc_leaves))])
+                accepted = z["accepted"]
+                setup_bits = (z["setup_up"], z["setup_down"])
+                num_chunks = int(z["num_chunks"])
+            for i in range(num_chunks):
+                with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
+                    pieces.append({name: z[name] for name in z.files})
+            self._all(transport, {i: self._message("init", resume_from=done, broadcast=pack(broadcast))
+                                  for i in clients}, "resume")
+            log.info("resumed at round %d", done)
+        else:
+            if chunk_dir.exists():
+                for old in chunk_dir.iterdir():
+                    old.unlink()
+            chunk_dir.mkdir(parents=True, exist_ok=True)
+            server_state, broadcast = self.init(self.chain_keys, self.theta0)
+            self._all(transport, {i: self._message("init", broadcast=pack(broadcast)) for i in clients}, "init")
+            if self.sampler.setup is not None:
+                server_state, setup_bits = self._setup(transport, server_state, broadcast)
+        while done < self.N:
+            length = min(self.chunk, self.N - done)
+            start = time.perf_counter()
+            positions, up, down, act = [], [], [], []
+            window = np.zeros((3, self.C), np.int64)
+            for t in range(length):
+                k = done + t
+                t0 = time.perf_counter()
+                server_state, broadcast, accepted, counts = self._round(transport, k, server_state, broadcast, accepted)
+                self.stats["round_seconds"].append(time.perf_counter() - t0)
+                window += counts
+                if (t + 1) % self.thinning == 0:
+                    pos = np.asarray(server_state.draws if self.sampler.draws_per_round > 1
+                                     else server_state.position[:, None])
+                    check_finite(pos[:, None], [k + 1])
+                    positions.append(pos)
+                    up.append(window[0].copy()), down.append(window[1].copy()), act.append(window[2].copy())
+                    window[:] = 0
+            wall += time.perf_counter() - start
+            kept = done + np.arange(1, length // self.thinning + 1) * self.thinning > self.burn_in
+            pos = np.stack(positions, axis=1)[:, kept]  # [C, draws, m, d]
+            piece = {"positions": pos.reshape((self.C, -1) + pos.shape[3:]),
+                     "up": np.stack(up, 1), "down": np.stack(down, 1), "active": np.stack(act, 1)}
+            pieces.append(piece)
+            done += length
+            save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **piece)
+            save_npz(state_path, fingerprint=np.asarray(run_fingerprint), done=np.asarray(done), wall=np.asarray(wall),
+                      num_chunks=np.asarray(len(pieces)), accepted=accepted, setup_up=setup_bits[0],
+                      setup_down=setup_bits[1],
+                      **{f"ss{i}": np.asarray(x) for i, x in enumerate(jax.tree_util.tree_leaves(server_state))},
+                      **{f"bc{i}": np.asarray(x) for i, x in enumerate(jax.tree_util.tree_leaves(broadcast))})
+            if progress:
+                log.warning("round %d/%d (%.2f s per round)", done, self.N, wall / max(done, 1))
+        return assemble(pieces, self.N, self.burn_in, self.thinning, False, wall, int(self.sampler.draws_per_round),
+                         setup_bits)
+
+    def _setup(self, transport, server_state, broadcast):
+        replies = self._all(transport, {i: self._message("setup", broadcast=pack(broadcast)) for i in range(self.b)},
+                            "setup")
+        uploads = [unpack(replies[i]["upload"], self.setup_up_like) for i in range(self.b)]
+        uploads = jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=1), *uploads)
+        bits_up = np.sum([replies[i]["bits"] for i in range(self.b)], axis=0).astype(np.int64)
+        server_state, message, info = self.setup(self.chain_keys, server_state, uploads)
+        self._all(transport, {i: self._message("setup_receive", message=pack(message)) for i in range(self.b)},
+                  "setup result")
+        return server_state, (bits_up, np.asarray(info.broadcast_bits, np.int64) * self.b)
+
+    def _round(self, transport, k, server_state, broadcast, accepted):
+        """One round: masks, messages to the clients active in some chain, decoding and
+        validation of the replies, ``server_step`` with the effective mask."""
+        mask = np.asarray(self.masks(self.chain_keys, jnp.int32(k)))  # [C, b]
+        bc = pack(broadcast)
+        messages = {i: self._message("round", k=k, broadcast=bc, mask=pack([mask[:, i]]),
+                                     accepted=pack([accepted[:, i]]), keep=self.chunk + 2)
+                    for i in range(self.b) if mask[:, i].any()}
+        replies = transport.exchange(messages, self.flower["round_timeout"]) if messages else {}
+        uploads = [np.zeros((self.C, self.b) + tuple(x.shape), x.dtype) for x in self.up_leaves]
+        effective = np.zeros_like(mask)
+        bits = np.zeros((self.C, self.b), np.int64)
+        new_accepted = accepted.copy()
+        for i in messages:
+            new_accepted[:, i] = False
+            reply = replies.get(i)
+            if reply is None:
+                self.stats["missing_replies"] += 1
+                log.warning("round %d: client %d failed or timed out; inactive this round", k, i)
+                continue
+            try:
+                chains = list(reply["chains"])
+                if sorted(chains) != np.flatnonzero(mask[:, i]).tolist():
+                    raise MalformedUpload(f"reply for chains {chains}, expected {np.flatnonzero(mask[:, i]).tolist()}")
+                decoded = []
+                for n, c in enumerate(chains):
+                    blobs = [reply[f"blob/{c}/{j}"] for j in range(len(self.up_parts))]
+                    values, wire = decode_upload(list(reply[f"codecs/{c}"]), blobs, self.up_parts,
+                                                 float(self.flower["max_upload_norm"]))
+                    if wire != int(reply["bits"][n]):
+                        self.stats["wire_bits_mismatch"] += 1
+                    decoded.append((c, values, wire))
+            except (MalformedUpload, KeyError, TypeError, IndexError, ValueError) as err:
+                self.stats["rejected_uploads"] += 1
+                log.warning("round %d: rejected the upload of client %d: %s", k, i, err)
+                continue
+            for c, values, wire in decoded:
+                for u, v in zip(uploads, values):
+                    u[c, i] = v
+                effective[c, i] = True
+                new_accepted[c, i] = True
+                bits[c, i] = wire
+        up_tree = jax.tree_util.tree_unflatten(self.up_treedef, [jnp.asarray(u) for u in uploads])
+        server_state, broadcast, info = self.step(self.chain_keys, server_state, up_tree, jnp.asarray(effective),
+                                                  jnp.int32(k))
+        n_active = effective.sum(axis=1)
+        counts = np.stack([bits.sum(axis=1), n_active * np.asarray(info.broadcast_bits, np.int64), n_active])
+        return server_state, broadcast, new_accepted, counts
+
+
+class LocalTransport:
+    """All clients in this process, called directly (tests and debugging; no Flower).
+
+    ``faults(kind, k, index, reply) -> reply`` may alter or drop (return None) a reply."""
+
+    def __init__(self, cfg_text: str, num_clients: int, build: Build, faults: Callable | None = None):
+        self.clients = {i: ClientRuntime(cfg_text, i, build) for i in range(num_clients)}
+        self.stores: dict[int, dict] = {i: {} for i in range(num_clients)}
+        self.faults = faults
+
+    def exchange(self, messages: dict[int, dict], timeout: float | None) -> dict[int, dict | None]:
+        replies = {}
+        for i, msg in messages.items():
+            try:
+                reply = self.clients[i].handle(msg, self.stores[i])
+            except Exception as err:  # noqa: BLE001 - a failing client is an inactive client
+                log.warning("client %d failed: %s", i, err)
+                reply = None
+            if self.faults is not None:
+                reply = self.faults(msg["kind"], msg.get("k"), i, reply)
+            replies[i] = reply
+        return replies

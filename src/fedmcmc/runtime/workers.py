@@ -1,0 +1,203 @@
+"""Chains spread over worker processes, one per core (turned on by :func:`fedmcmc.tune_cpu`).
+
+Why processes: XLA's CPU devices of one process share one intra-op thread pool, one thread
+per core. jaxlib's LAPACK kernels (``eigh``, ``solve``, ``cholesky``, ...) split a batch over
+that pool and block the calling thread until the pieces are done; when every pool thread is
+such a caller (two devices' programs each in a LAPACK call, on two cores), nothing is left to
+run the pieces and the process waits forever (docs/design.md, "Chains over cores"). A worker
+process has one XLA device and no multi-threaded pool (``--xla_cpu_multi_thread_eigen=false``),
+so that wait cannot arise, and the operating system spreads the workers over the cores.
+
+The protocol is a strict request and reply over the worker's stdin and stdout: frames of
+an 8-byte length and a pickle. A request is ``(method, args)``; the reply is ``("ok", value)``
+or ``("error", exception, traceback)``. ``start`` builds a :class:`fedmcmc.runtime.simulator.Chains`
+from a job (sampler, data, statistic; sent with cloudpickle once and then named by its
+hash) and the block's chains; ``run``, ``state`` and ``restore`` are forwarded to it.
+A worker exits when its stdin closes, so it never outlives the process that started it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import traceback
+
+_FLAGS = ("--xla_force_host_platform_device_count=1", "--xla_cpu_multi_thread_eigen=false")
+_JOBS_KEPT = 8
+_CONFIG = ("jax_enable_x64", "jax_default_prng_impl", "jax_threefry_partitionable", "jax_default_matmul_precision")
+
+
+def _write(stream, obj) -> None:
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("<Q", len(payload)))
+    stream.write(payload)
+    stream.flush()
+
+
+def _read(stream):
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError
+    (size,) = struct.unpack("<Q", head)
+    payload = stream.read(size)
+    if len(payload) < size:
+        raise EOFError
+    return pickle.loads(payload)
+
+
+class WorkerError(RuntimeError):
+    """A worker process died or could not run its block."""
+
+
+class _Process:
+    def __init__(self, index: int, core: int | None):
+        env = dict(os.environ)
+        flags = env.get("XLA_FLAGS", "")
+        env["XLA_FLAGS"] = " ".join([flags, *(f for f in _FLAGS if f.split("=")[0] not in flags)]).strip()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        args = [sys.executable, "-m", "fedmcmc.runtime.workers"] + ([str(core)] if core is not None else [])
+        self.index = index
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=os.getcwd())
+        self.jobs: dict[str, None] = {}  # the jobs the worker holds, oldest first (as it evicts them)
+
+    def send(self, method: str, *args) -> None:
+        try:
+            _write(self.proc.stdin, (method, args))
+        except (BrokenPipeError, OSError):
+            self._died()
+
+    def receive(self):
+        try:
+            status, *rest = _read(self.proc.stdout)
+        except (EOFError, OSError):
+            self._died()
+        if status == "ok":
+            return rest[0]
+        error, trace = rest
+        if isinstance(error, Exception):
+            raise error
+        raise WorkerError(f"worker {self.index} failed:\n{trace}")
+
+    def _died(self):
+        code = self.proc.poll()
+        _shutdown()
+        raise WorkerError(f"worker process {self.index} exited (code {code}); its error, if any, is printed above")
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+
+
+_POOL: list[_Process] = []
+
+
+def _pool(size: int) -> list[_Process]:
+    from fedmcmc.runtime.cpu import available_cores
+
+    if len(_POOL) != size or any(p.proc.poll() is not None for p in _POOL):
+        _shutdown()
+        cores = available_cores()
+        pin = size <= len(cores)
+        _POOL.extend(_Process(i, cores[i] if pin else None) for i in range(size))
+    return _POOL
+
+
+def _shutdown() -> None:
+    while _POOL:
+        _POOL.pop().close()
+
+
+atexit.register(_shutdown)
+
+
+class Remote:
+    """A block of chains that lives in a worker process (the interface of ``Chains``)."""
+
+    def __init__(self, process: _Process, chains: range):
+        self.process, self.chains = process, chains
+        self.setup_bits = None
+
+    def submit(self, method: str, *args) -> None:
+        self.process.send(method, *args)
+
+    def result(self):
+        return self.process.receive()
+
+
+def start(seed: int, sampler, data, statistic, blocks: list[range], theta0) -> list[Remote]:
+    """Start one block of chains per worker (``theta0``: ``[num_chains, d]``)."""
+    import cloudpickle
+    import jax
+
+    try:
+        job = cloudpickle.dumps((sampler, data, statistic))
+    except Exception as err:  # noqa: BLE001 - cloudpickle raises many kinds
+        raise ValueError(f"cannot send this sampler to worker processes ({err}); "
+                         "run it in this process with workers=1 (fedmcmc.tune_cpu(1))") from None
+    name = hashlib.sha256(job).hexdigest()
+    config = {key: getattr(jax.config, key) for key in _CONFIG if hasattr(jax.config, key)}
+    remotes = [Remote(process, chains) for process, chains in zip(_pool(len(blocks)), blocks)]
+    for r in remotes:
+        r.submit("start", name, None if name in r.process.jobs else job, config, seed, r.chains,
+                 theta0[r.chains.start:r.chains.stop])
+        r.process.jobs[name] = None
+        while len(r.process.jobs) > _JOBS_KEPT:
+            r.process.jobs.pop(next(iter(r.process.jobs)))
+    for r in remotes:
+        try:
+            r.setup_bits = r.result()
+        except Exception:
+            r.process.jobs.pop(name, None)
+            raise
+    return remotes
+
+
+def _serve(core: int | None) -> None:  # pragma: no cover - runs in the worker process
+    requests, replies = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+    import jax
+
+    from fedmcmc.runtime.simulator import Chains
+
+    jobs: dict[str, tuple] = {}
+    block = None
+    while True:
+        try:
+            method, args = _read(requests)
+        except EOFError:
+            return
+        try:
+            if method == "start":
+                name, job, config, seed, chains, theta0 = args
+                if job is not None:
+                    jobs[name] = pickle.loads(job)
+                    while len(jobs) > _JOBS_KEPT:
+                        jobs.pop(next(iter(jobs)))
+                for key, value in config.items():
+                    jax.config.update(key, value)
+                block = Chains(*jobs[name], seed, chains, theta0)
+                value = block.setup_bits
+            else:
+                value = getattr(block, method)(*args)
+            _write(replies, ("ok", value))
+        except Exception as err:  # noqa: BLE001 - every error goes back to the caller
+            trace = traceback.format_exc()
+            try:
+                pickle.dumps(err)
+            except Exception:  # noqa: BLE001
+                err = None
+            _write(replies, ("error", err, trace))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _serve(int(sys.argv[1]) if len(sys.argv) > 1 else None)
