@@ -229,6 +229,8 @@ def dg_sgld(model: Model, rho, step_size, num_local_steps=1, batch_size=None, nu
             else:
                 position = cond_cov32 @ (shift32 + pull) + cond_scale32 @ noise
         else:
+            # langevin_step's form, with the noise scale computed in float64 (as since the first
+            # version: integrators.langevin_step's float32 sqrt differs in the last bit for some h)
             drift = total_inv_rho * theta - pull - jax.grad(model.log_prior)(theta)
             position = theta - h * drift + np.float32(np.sqrt(2.0 * h)) * noise
         new = participation_lib.hold_if_empty(participation, mask, DGState(position, z_all), server_state)

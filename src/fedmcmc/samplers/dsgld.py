@@ -9,7 +9,8 @@ data and hands the chain back,
 
     v_s(theta) = grad log p(theta) + N_s / (f_s m) sum_{x in B} grad log p(x | theta),
 
-with ``B`` a minibatch of ``m`` of the shard's ``N_s`` points (all of them if ``m`` is None).
+with ``B`` a minibatch of ``m`` of the shard's ``N_s`` points (all of them if ``m`` is None): a
+Langevin step of size ``h / 2`` on the potential ``-log p`` (:mod:`fedmcmc.samplers.integrators`).
 Averaged over the shard choice, ``v_s`` is the full-data gradient, but within a visit the
 chain follows shard ``s`` alone: with many local steps it drifts towards
 ``p(theta) p(x_s | theta)^{1 / f_s}``, the pathology El Mekkaoui et al. cure with the

@@ -112,7 +112,8 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
         if server_constant is not None:
             drift = drift + server_constant
         position = server_move(key, model, participation, server_state.position, drift, mask, gamma)
-        return QLSDState(position), Broadcast(position), ServerInfo(step_size=gamma, broadcast_bits=float_bits(position))
+        info = ServerInfo(step_size=gamma, broadcast_bits=float_bits(position))
+        return QLSDState(position), Broadcast(position), info
 
     clients = per_client_count(compressor.omega(model.dim), known=(num_clients, participation.num_clients))
     return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients)
