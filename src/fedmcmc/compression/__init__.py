@@ -5,6 +5,8 @@
   2017) / QLSD (Vono et al., AISTATS 2022, eq. (4)), Elias-omega or fixed-width coded
   on the wire (:func:`encode_qsgd`); ``CompressionInfo.bits`` is the exact message
   length.
+* :func:`with_memory` -- error-feedback memory around any compressor (QLSD++): it sends the
+  inner message for ``v - eta_i`` and keeps ``eta_i`` in its state.
 * :func:`resolve_compressor` -- build a compressor from a configuration value.
 
 Note: the names :func:`identity` and :func:`quantization` shadow the submodules of the
@@ -28,6 +30,7 @@ from fedmcmc.compression.codec import (
     qsgd_encoded_bits,
 )
 from fedmcmc.compression.identity import identity
+from fedmcmc.compression.memory import with_memory
 from fedmcmc.compression.quantization import (
     QSGDMessage,
     QuantizationState,
@@ -41,6 +44,7 @@ from fedmcmc.compression.quantization import (
 __all__ = [
     "identity",
     "quantization",
+    "with_memory",
     "QuantizationState",
     "QSGDMessage",
     "quantize",

@@ -119,7 +119,7 @@ from fedmcmc.estimators import gradients
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.common import ClientInfo, ServerInfo, float_bits
+from fedmcmc.samplers.messages import ClientInfo, ServerInfo, float_bits
 from fedmcmc.core.types import resolve_schedule
 
 _SEED_BITS = 64  # the shared momentum seed is one PRNG key: two uint32

@@ -52,7 +52,7 @@ from fedmcmc.estimators import gradients
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, float_bits
+from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo, float_bits
 from fedmcmc.core.types import resolve_schedule
 
 AGGREGATIONS = ("mcmahan", "unbiased")
