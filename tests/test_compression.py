@@ -13,29 +13,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedmcmc.compression import (
-    decode_dense,
-    decode_qsgd,
-    dequantize,
-    elias_omega_length,
-    encode_dense,
-    encode_qsgd,
-    identity,
-    qsgd_bits_bound,
-    qsgd_encoded_bits,
-    quantization,
-    quantize,
-    resolve_compressor,
-)
-from fedmcmc.compression.codec import (
+from fedmcmc.compression import decode, encode, identity, qsgd_bits_bound, quantization, resolve_compressor
+from fedmcmc.compression._bits import (
     BitReader,
     BitWriter,
-    _elias_body_bits,
     elias_omega_code,
     elias_omega_decode,
     elias_omega_encode,
+    elias_omega_length,
 )
-from fedmcmc.compression.quantization import dequantize_np
+from fedmcmc.compression._qsgd_bits import elias_body_bits, qsgd_encoded_bits
+from fedmcmc.compression._qsgd_codec import decode_qsgd, encode_qsgd
+from fedmcmc.compression.quantization import dequantize, dequantize_np, quantize
 
 N_MC = 20_000
 Z = 5.0  # number of standard errors allowed in Monte-Carlo checks
@@ -204,11 +193,13 @@ def test_identity_is_exact_and_counts_32_bits_per_coordinate():
     assert state2 == ()
     assert info.bits.dtype == jnp.int32 and int(info.bits) == 32 * v.size
     assert c.omega(50) == 0.0 and c.name == "identity"
-    data = encode_dense(v)
-    assert 8 * len(data) == int(info.bits)
-    np.testing.assert_array_equal(decode_dense(data, v.size), np.asarray(v))
+    enc = encode(message)
+    assert enc.codec == "f32" and enc.bits == 8 * len(enc.data) == int(info.bits)
+    got = decode(enc.codec, enc.data, v)
+    assert got.bits == enc.bits
+    np.testing.assert_array_equal(got.value, np.asarray(v))
     with pytest.raises(ValueError, match="dense message"):
-        decode_dense(data[:-1], v.size)
+        decode(enc.codec, enc.data[:-1], v)
 
 
 def test_zero_vector_maps_to_zero_with_finite_bits():
@@ -242,25 +233,27 @@ def test_apply_under_scan_and_double_vmap_matches_wire_format(spec):
         keys = jax.random.split(key, num_chains * num_clients).reshape(num_chains, num_clients)
         message, _, info = apply(keys, carry, states)
         v_hat = jax.vmap(jax.vmap(c.decode))(message)
-        return carry, (v_hat, info.bits, message.norm, message.signed_levels)
+        return carry, (v_hat, info.bits, message)
 
-    _, (v_hats, bits, norms, levels) = jax.jit(
+    _, (v_hats, bits, messages) = jax.jit(
         lambda k: jax.lax.scan(body, v, jax.random.split(k, steps))
     )(jax.random.key(2))
     assert v_hats.shape == (steps, num_chains, num_clients, d) and bits.dtype == jnp.int32
-    v_hats, bits, norms, levels = map(np.asarray, (v_hats, bits, norms, levels))
+    v_hats, bits, messages = jax.tree_util.tree_map(np.asarray, (v_hats, bits, messages))
     modes = set()
     for t in range(steps):
         for a in range(num_chains):
             for i, s in enumerate(all_levels):
-                data, nbits = encode_qsgd(norms[t, a, i], levels[t, a, i], s, return_bits=True)
-                assert nbits == bits[t, a, i]
-                modes.add(data[0] >> 6)
-                norm2, levels2 = decode_qsgd(data, d, s=s)
-                decoded = dequantize_np(norm2, levels2, s)
+                message = jax.tree_util.tree_map(lambda x: x[t, a, i], messages)
+                enc = encode(message)
+                assert enc.codec == f"qsgd/{s}" and enc.bits == bits[t, a, i]
+                modes.add(enc.data[0] >> 6)
+                got = decode(enc.codec, enc.data, message)
                 np.testing.assert_array_equal(
-                    decoded.view(np.uint32), v_hats[t, a, i].view(np.uint32)
+                    got.value.view(np.uint32), v_hats[t, a, i].view(np.uint32)
                 )
+    assert got.bits == enc.bits
+    assert all(np.array_equal(x, y) for x, y in zip(got.message, message))
     if isinstance(spec, list):  # s = 1 and s >= 2**16 send fixed-width messages
         assert MODES["fixed"] in modes
 
@@ -355,7 +348,7 @@ def test_each_body_length_matches_reference(d):
         rng.random((n, d)) < 0.5, -1, 1
     )
     levels = (levels * (rng.random((n, d)) < density)).astype(np.int32)
-    sparse, dense = map(np.asarray, jax.jit(_elias_body_bits)(jnp.asarray(levels)))
+    sparse, dense = map(np.asarray, jax.jit(elias_body_bits)(jnp.asarray(levels)))
     reference = [_reference_bits(x) for x in levels]
     np.testing.assert_array_equal(sparse, [r["sparse"] - HEADER for r in reference])
     np.testing.assert_array_equal(dense, [r["dense"] - HEADER for r in reference])
