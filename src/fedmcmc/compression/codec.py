@@ -33,12 +33,14 @@ from fedmcmc.compression._array_codec import (
     encode_raw,
 )
 from fedmcmc.compression._qsgd_codec import decode_qsgd, encode_qsgd
-from fedmcmc.compression.quantization import MAX_LEVELS, QSGDMessage, dequantize_np, message_bits as _qsgd_bits
+from fedmcmc.compression.quantization import MAX_LEVELS, QSGDMessage, dequantize_np
+from fedmcmc.compression.quantization import message_bits as _qsgd_message_bits
 from fedmcmc.core.types import Array
 
 __all__ = ["Encoded", "Decoded", "is_message", "message_bits", "encode", "decode"]
 
-_QSGD_TAG = "qsgd/"
+#: Codec tags: ``qsgd/<s>`` (the QSGD code with ``s`` levels), float32, any other dtype.
+_QSGD_TAG, _F32_TAG, _RAW_TAG = "qsgd/", "f32", "raw"
 
 
 class Encoded(NamedTuple):
@@ -91,7 +93,7 @@ def message_bits(message) -> Array | int:
     Python int for an array (its length follows from its shape and dtype).
     """
     if is_message(message):
-        return _qsgd_bits(message)
+        return _qsgd_message_bits(message)
     return array_bits(message)
 
 
@@ -110,8 +112,8 @@ def encode(message) -> Encoded:
         return Encoded(f"{_QSGD_TAG}{s}", data, int(bits))
     a = np.asarray(message)
     if a.dtype == np.float32:
-        return Encoded("f32", encode_dense(a.reshape(-1)), array_bits(a))
-    return Encoded("raw", encode_raw(a), array_bits(a))
+        return Encoded(_F32_TAG, encode_dense(a.reshape(-1)), array_bits(a))
+    return Encoded(_RAW_TAG, encode_raw(a), array_bits(a))
 
 
 def decode(codec: str, data: bytes, like) -> Decoded:
@@ -138,6 +140,8 @@ def decode(codec: str, data: bytes, like) -> Decoded:
         valid message of ``like``'s shape (truncated, trailing data, a level out of
         range, a number of levels outside ``[1, MAX_LEVELS]``, ...).
     """
+    if not isinstance(codec, str):
+        raise TypeError(f"codec tag must be a string, got {type(codec).__name__}")
     if is_message(like) and codec.startswith(_QSGD_TAG):
         s = int(codec[len(_QSGD_TAG):])
         if not 1 <= s <= MAX_LEVELS:
@@ -147,10 +151,10 @@ def decode(codec: str, data: bytes, like) -> Decoded:
         message = QSGDMessage(np.float32(norm), levels.astype(np.int32).reshape(shape), np.int32(s))
         return Decoded(message, dequantize_np(norm, levels, s).reshape(shape), int(message_bits(message)))
     dtype = None if is_message(like) else np.dtype(like.dtype)
-    if codec == "f32" and dtype == np.float32:
+    if codec == _F32_TAG and dtype == np.float32:
         size = int(np.prod(like.shape, dtype=np.int64))
         value = decode_dense(data, size).reshape(like.shape)
-    elif codec == "raw" and dtype is not None and dtype != np.float32:
+    elif codec == _RAW_TAG and dtype is not None and dtype != np.float32:
         value = decode_raw(data, like.shape, dtype)
     else:
         raise ValueError(f"codec {codec!r} does not fit {'a message' if dtype is None else f'an array of {dtype}'}")
