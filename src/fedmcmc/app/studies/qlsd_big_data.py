@@ -36,8 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from fedmcmc.runtime import io
-from fedmcmc.compression import quantization
-from fedmcmc.compression.quantization import quantization_omega
+from fedmcmc.compression import quantization, quantization_omega
 from fedmcmc.data.federated import from_clients
 from fedmcmc.app.studies.qlsd_omega import exact_mode, loglog_slope
 from fedmcmc.app.studies.settings import resolve

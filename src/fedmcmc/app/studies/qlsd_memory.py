@@ -28,8 +28,7 @@ import numpy as np
 from fedmcmc.estimators import gradients
 from fedmcmc.runtime import io
 from fedmcmc.evaluation import reference
-from fedmcmc.compression import quantization
-from fedmcmc.compression.quantization import quantization_omega
+from fedmcmc.compression import quantization, quantization_omega
 from fedmcmc.data import partition
 from fedmcmc.data.federated import from_clients
 from fedmcmc.app.studies.settings import resolve

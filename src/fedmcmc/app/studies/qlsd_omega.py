@@ -58,8 +58,7 @@ import numpy as np
 from fedmcmc.estimators import gradients
 from fedmcmc.runtime import io
 from fedmcmc.app import problems
-from fedmcmc.compression import quantization
-from fedmcmc.compression.quantization import quantization_omega
+from fedmcmc.compression import quantization, quantization_omega
 from fedmcmc.app.studies.settings import resolve
 from fedmcmc.models.gaussian import GaussianPosterior
 from fedmcmc.samplers import lsd_star, qlsd_star
