@@ -7,6 +7,7 @@ import pytest
 from fedmcmc.estimators import surrogates
 from fedmcmc.data.federated import from_clients
 from fedmcmc.app.studies import cgdsgld_mlp, get
+from fedmcmc.app.studies.runner import run_study
 from fedmcmc.models import gaussian_mean, mlp, mlp_layout
 from fedmcmc.samplers import cg_dsgld
 
@@ -63,7 +64,7 @@ TINY = dict(num_seeds=2, num_shards=4, hidden=[4], betas=[0.5], iterations=200, 
 
 def test_tiny_run_structure(tmp_path):
     assert get("cgdsgld-mlp") is cgdsgld_mlp
-    r = cgdsgld_mlp.run(tmp_path, quick=True, progress=False, settings=TINY)
+    r = run_study(cgdsgld_mlp, tmp_path, quick=True, progress=False, settings=TINY)
     assert list(r["partitions"]) == ["Beta(0.5, 0.5)"]
     part = r["partitions"]["Beta(0.5, 0.5)"]
     assert part["num_train_used"] == [4 * (5350 // 4)] * 2  # 5,350 hadrons in the 80% training part
@@ -99,5 +100,5 @@ def test_tiny_run_structure(tmp_path):
 ])
 def test_bad_settings_raise_one_line_errors(tmp_path, settings, fragment):
     with pytest.raises(ValueError, match=fragment) as err:
-        cgdsgld_mlp.run(tmp_path, quick=True, progress=False, settings=settings)
+        run_study(cgdsgld_mlp, tmp_path, quick=True, progress=False, settings=settings)
     assert "\n" not in str(err.value)

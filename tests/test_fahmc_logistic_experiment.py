@@ -10,6 +10,7 @@ from fedmcmc.evaluation import predictive
 from fedmcmc.data import datasets as D
 from fedmcmc.app.studies import fahmc_logistic as E
 from fedmcmc.app.studies import get
+from fedmcmc.app.studies.runner import run_study
 
 TINY = dict(train_subset=3000, test_subset=1000, pca_components=20, batch_size=50, step_sizes=[3e-3],
             num_runs=2, leapfrog_sweep=[1, 10], sweep_local_steps=5, local_steps_sweep=[5],
@@ -27,7 +28,7 @@ def _fashion_or_skip():
 def tiny(tmp_path_factory):
     _fashion_or_skip()
     out = tmp_path_factory.mktemp("fahmc-logistic")
-    return out, E.run(out, quick=True, progress=False, settings=TINY)
+    return out, run_study(E, out, quick=True, progress=False, settings=TINY)
 
 
 def test_registered():
@@ -91,7 +92,7 @@ def test_top_k_minibatches_are_uniform_subsets():
 def test_missing_fashion_mnist_fails_with_the_loaders_message(tmp_path, monkeypatch):
     monkeypatch.setattr(D, "FASHION_MNIST_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
-        E.run(tmp_path / "out", quick=True, progress=False, settings=TINY)
+        run_study(E, tmp_path / "out", quick=True, progress=False, settings=TINY)
 
 
 def test_pca_project_keeps_the_top_principal_variances():

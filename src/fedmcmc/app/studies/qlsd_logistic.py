@@ -49,7 +49,7 @@ Metrics:
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -60,10 +60,9 @@ from fedmcmc.evaluation import predictive, reference
 from fedmcmc.compression import qsgd_bits_bound, quantization
 from fedmcmc.data import partition
 from fedmcmc.data.datasets import load_classification
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import logistic_regression
 from fedmcmc.samplers import cg_dsgld, dg_sgld, lsd_pp, qlsd_pp
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "qlsd-logistic"
 SUMMARY = ("QLSD++ 4/8/16 bits vs LSD++, DG-SGLD, FSGLD: logistic regression on 784 pixels over 50 clients, "
@@ -145,9 +144,8 @@ def relative_hpd_error(eta, se, eta_ref, se_ref) -> tuple[float, float]:
     return abs(eta - eta_ref) / abs(eta_ref), float(np.hypot(se, se_ref) / abs(eta_ref))
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
+def check(cfg: dict) -> None:
+    """One-line errors for settings that cannot run."""
     loc = int(cfg["fsgld_local_steps"])
     for key in ("num_iterations", "burn_in"):
         if cfg[key] % cfg["thinning"] or cfg[key] % loc:
@@ -157,8 +155,33 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         raise ValueError(f"burn_in ({cfg['burn_in']}) must lie in [0, num_iterations = {cfg['num_iterations']})")
     if cfg["thinning"] % loc and loc % cfg["thinning"]:
         raise ValueError(f"fsgld_local_steps ({loc}) and thinning ({cfg['thinning']}) must divide one another")
-    out = Path(out)
-    started = time.perf_counter()
+    unknown = set(cfg["baselines"]) - {"DG-SGLD", "FSGLD"}
+    if unknown:
+        raise ValueError(f"unknown baselines {sorted(unknown)}; baselines is a subset of ['DG-SGLD', 'FSGLD']")
+
+
+def against_lsd(table: dict, potentials: dict, cfg: dict) -> None:
+    """Add to every method of ``table`` its relative efficiency and its HPD errors against LSD++."""
+    lsd, u_lsd = table["LSD++"], potentials["LSD++"]
+    half = cfg["num_chains"] // 2
+    for label, m in table.items():
+        m["relative_efficiency_encoded"] = lsd["bits_per_iteration"] / m["bits_per_iteration"]
+        # the paper's metric: every chain of the method against every chain of LSD++. Chain c of
+        # every sampler uses the same seed, so the Langevin noise is shared (common random numbers)
+        # and the standard error is that of the per-chain differences.
+        m["hpd_error_vs_lsd"] = abs(m["hpd_threshold"] - lsd["hpd_threshold"]) / abs(lsd["hpd_threshold"])
+        m["hpd_error_vs_lsd_se"] = _se(np.subtract(m["hpd_threshold_per_chain"], lsd["hpd_threshold_per_chain"])
+                                       / abs(lsd["hpd_threshold"]))
+        # as with independent runs: the method's first half of the chains against LSD++'s second half
+        m["hpd_error_vs_lsd_unpaired"] = (predictive.hpd_relative_error(
+            potentials[label][:half], u_lsd[half:], cfg["hpd_level"]) if half else float("nan"))
+        if label in PAPER:
+            m["paper_hpd_error_vs_lsd"], m["paper_relative_efficiency"] = PAPER[label]
+
+
+def science(cfg: dict, run: Run) -> Findings:
+    check(cfg)
+    loc = int(cfg["fsgld_local_steps"])
     x_train, y_train, x_test, y_test, parts, data, model, local, source = problem(cfg)
     d, b = model.dim, data.num_clients
     gamma = float(cfg["step_size"])
@@ -167,21 +190,16 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     theta0 = np.asarray(mode.theta)
     x64 = x_train.astype(np.float64)
     lipschitz = float(np.linalg.eigvalsh(x64.T @ x64)[-1] / 4 + 1 / cfg["prior_variance"])
-
     ref = reference.nuts(cfg["seed"], model, data, num_samples=cfg["reference_samples"],
                          num_chains=cfg["reference_chains"], num_warmup=cfg["reference_warmup"], theta0=theta0,
                          name="qlsd-logistic")
     eta_nuts, se_nuts, _, _ = _thresholds(model, ref.samples, pooled, cfg["hpd_level"])
-
     rho = float(cfg["rho"])
     runs = [("LSD++", lambda: lsd_pp(model, gamma, cfg["batch_size"], refresh_every=cfg["refresh_every"]), 1, None)]
     for p in cfg["bits"]:
         runs.append((f"QLSD++ {p} bits",
                      lambda p=p: qlsd_pp(model, gamma, cfg["batch_size"], quantization(2 ** int(p)),
                                          refresh_every=cfg["refresh_every"]), 1, 2 ** int(p)))
-    unknown = set(cfg["baselines"]) - {"DG-SGLD", "FSGLD"}
-    if unknown:
-        raise ValueError(f"unknown baselines {sorted(unknown)}; baselines is a subset of ['DG-SGLD', 'FSGLD']")
     runs.append(("DG-SGLD", lambda: dg_sgld(model, rho, 0.5 / (local + 1 / rho), cfg["dg_local_steps"],
                                             cfg["batch_size"], num_clients=b), 1, None))
     runs.append(("FSGLD", lambda: cg_dsgld(model, np.asarray(data.weights), 2 * gamma, loc,
@@ -193,9 +211,8 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     for label, make, per_round, levels in runs:
         rounds, burn = cfg["num_iterations"] // per_round, cfg["burn_in"] // per_round
         thin = max(1, cfg["thinning"] // per_round)
-        res = simulate(cfg["seed"], make(), data, theta0, rounds, num_chains=cfg["num_chains"], burn_in=burn,
-                       thinning=thin, progress=progress, description=label, resume=resume,
-                       out_dir=out / "runs" / label.replace(" ", "_").replace("+", "p"))
+        res = run.simulate(cfg["seed"], make(), data, theta0, rounds, num_chains=cfg["num_chains"], burn_in=burn,
+                           thinning=thin, description=label, folder=label.replace(" ", "_").replace("+", "p"))
         results[label] = res
         eta, se, per_chain, potentials[label] = _thresholds(model, res.samples, pooled, cfg["hpd_level"])
         probs = predictive.predict_bma(model, res.samples, x_test) if len(y_test) else None
@@ -214,51 +231,33 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             "rounds": rounds,
             "sampler_seconds": res.wall_seconds,
         }
-    lsd, u_lsd = table["LSD++"], potentials["LSD++"]
-    half = cfg["num_chains"] // 2
-    for label, m in table.items():
-        m["relative_efficiency_encoded"] = lsd["bits_per_iteration"] / m["bits_per_iteration"]
-        # the paper's metric: every chain of the method against every chain of LSD++. Chain c of
-        # every sampler uses the same seed, so the Langevin noise is shared (common random numbers)
-        # and the standard error is that of the per-chain differences.
-        m["hpd_error_vs_lsd"] = abs(m["hpd_threshold"] - lsd["hpd_threshold"]) / abs(lsd["hpd_threshold"])
-        m["hpd_error_vs_lsd_se"] = _se(np.subtract(m["hpd_threshold_per_chain"], lsd["hpd_threshold_per_chain"])
-                                       / abs(lsd["hpd_threshold"]))
-        # as with independent runs: the method's first half of the chains against LSD++'s second half
-        m["hpd_error_vs_lsd_unpaired"] = (predictive.hpd_relative_error(
-            potentials[label][:half], u_lsd[half:], cfg["hpd_level"]) if half else float("nan"))
-        if label in PAPER:
-            m["paper_hpd_error_vs_lsd"], m["paper_relative_efficiency"] = PAPER[label]
+    against_lsd(table, potentials, cfg)
     # the Monte-Carlo floor of the metric: NUTS's first half against its second half
     mid = ref.samples.shape[1] // 2
     floor = predictive.hpd_relative_error(predictive.neg_log_posterior(model, ref.samples[:, :mid], pooled),
                                           predictive.neg_log_posterior(model, ref.samples[:, mid:], pooled),
                                           cfg["hpd_level"])
     ref_probs = predictive.predict_bma(model, ref.samples, x_test) if len(y_test) else None
-    payload = {
-        "experiment": NAME,
-        "quick": quick,
-        "settings": {**cfg, "num_clients": b, "dim": d, "num_train": int(len(y_train)),
-                     "num_test": int(len(y_test)), "client_sizes": [int(len(p)) for p in parts],
-                     "client_label_skew": partition.label_skew(partition.label_counts(y_train, parts)),
-                     "gamma_times_lambda_max_bound": gamma * lipschitz,
-                     "dg_sgld_client_steps": (0.5 / (local + 1 / rho)).tolist(), "fsgld_step_h": 2 * gamma,
-                     "dataset_source": source},
-        "mode": {"rounds": mode.rounds, "bits": mode.bits, "gradient_norm": mode.gradient_norm},
-        "reference": {"kind": "NUTS", "hpd_threshold": eta_nuts, "hpd_threshold_se": se_nuts, "rhat": ref.rhat,
-                      "ess": ref.ess, "divergences": ref.divergences,
-                      "num_draws": int(ref.samples.shape[0] * ref.samples.shape[1]),
-                      "hpd_error_between_halves": floor,
-                      "test_accuracy": predictive.accuracy(ref_probs, y_test) if ref_probs is not None else None,
-                      "cached": ref.cached},
-        "paper": {label: {"hpd_error_vs_lsd": e, "relative_efficiency": r} for label, (e, r) in PAPER.items()},
-        "methods": table,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    io.write_posterior(out / "posterior.nc", results, attrs={"experiment": NAME, "quick": quick})
-    plot(out / "hpd_error_vs_efficiency.png", table, quick)
-    return payload
+    return Findings(
+        settings={**cfg, "num_clients": b, "dim": d, "num_train": int(len(y_train)),
+                  "num_test": int(len(y_test)), "client_sizes": [int(len(p)) for p in parts],
+                  "client_label_skew": partition.label_skew(partition.label_counts(y_train, parts)),
+                  "gamma_times_lambda_max_bound": gamma * lipschitz,
+                  "dg_sgld_client_steps": (0.5 / (local + 1 / rho)).tolist(), "fsgld_step_h": 2 * gamma,
+                  "dataset_source": source},
+        results={
+            "mode": {"rounds": mode.rounds, "bits": mode.bits, "gradient_norm": mode.gradient_norm},
+            "reference": {"kind": "NUTS", "hpd_threshold": eta_nuts, "hpd_threshold_se": se_nuts, "rhat": ref.rhat,
+                          "ess": ref.ess, "divergences": ref.divergences,
+                          "num_draws": int(ref.samples.shape[0] * ref.samples.shape[1]),
+                          "hpd_error_between_halves": floor,
+                          "test_accuracy": predictive.accuracy(ref_probs, y_test) if ref_probs is not None else None,
+                          "cached": ref.cached},
+            "paper": {label: {"hpd_error_vs_lsd": e, "relative_efficiency": r} for label, (e, r) in PAPER.items()},
+            "methods": table,
+        },
+        posterior=results,
+        figures={"hpd_error_vs_efficiency.png": partial(plot, table=table, quick=run.quick)})
 
 
 def plot(path: Path, table: dict, quick: bool):
