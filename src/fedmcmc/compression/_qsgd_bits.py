@@ -16,7 +16,7 @@ from jax import lax
 from fedmcmc.compression._bits import bitlength, elias_omega_length
 from fedmcmc.compression._qsgd_codec import HEADER_BITS, fixed_width
 from fedmcmc.core.types import Array
-from fedmcmc.runtime.cpu import materialize
+from fedmcmc.core.xla import materialize
 
 
 def _fixed_body_bits(s, d: int) -> Array:

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.runtime.cpu import materialize
+from fedmcmc.core.xla import materialize
 from fedmcmc.core.base import ClientData, Model
 from fedmcmc.data.federated import FederatedData
 

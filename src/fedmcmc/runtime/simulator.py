@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedmcmc.core import xla
 from fedmcmc.runtime import cpu
 from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
@@ -72,7 +73,7 @@ def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable |
         _BUILT.move_to_end(key)
         return _BUILT[key][1]
     init, run_chunk = _compile(sampler, data, statistic)
-    built = cpu.jit(init), cpu.jit(run_chunk, static_argnums=(3, 4))
+    built = xla.jit(init), xla.jit(run_chunk, static_argnums=(3, 4))
     _BUILT[key] = (data, built)  # holding data keeps the ids valid
     if len(_BUILT) > 16:
         _BUILT.popitem(last=False)
