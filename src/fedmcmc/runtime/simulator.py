@@ -30,11 +30,11 @@ from fedmcmc.runtime import cpu
 from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
 from fedmcmc.runtime import round as rnd
-from fedmcmc.runtime.records import (DivergenceError, SimulationResult, assemble, check_finite, fingerprint,
+from fedmcmc.runtime.records import (SimulationResult, assemble, check_finite, fingerprint,
                                      save_npz)
 from fedmcmc.runtime.round import chain_keys
 
-__all__ = ["Chains", "DivergenceError", "SimulationResult", "chain_keys", "simulate"]
+__all__ = ["simulate", "Chains"]
 
 _LO_BITS = 20  # bit counters are kept as (hi, lo) int32 pairs: exact up to 2**51
 

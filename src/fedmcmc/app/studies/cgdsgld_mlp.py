@@ -58,7 +58,7 @@ from fedmcmc.data.datasets import load_classification, split_and_standardise
 from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import initial_position, mlp, mlp_layout
 from fedmcmc.samplers import cg_dsgld, dsgld, sgld
-from fedmcmc.runtime.simulator import DivergenceError
+from fedmcmc import DivergenceError
 
 NAME = "cgdsgld-mlp"
 SUMMARY = ("SGLD, DSGLD and FSGLD on a Bayesian MLP (hidden 18-18-8), KEEL MAGIC, 30 shards with Beta(100, 100) "
@@ -138,7 +138,7 @@ def problem(dataset, seed: int, a: float, cfg: dict):
 
 
 def sample(method: str, seed: int, data, model, theta0, cfg: dict, run: Run, tag: str):
-    """Run one method (one chain) and return its :class:`~fedmcmc.runtime.simulator.SimulationResult`."""
+    """Run one method (one chain) and return its :class:`~fedmcmc.SimulationResult`."""
     h, local, m, s = cfg["step_size"], cfg["local_updates"], cfg["batch_size"], cfg["num_shards"]
     common = dict(description=f"{tag} {method}", folder=f"{tag}-{method}")
     if method == "SGLD":  # sgld's step gamma moves theta by -gamma grad U + sqrt(2 gamma) Z: gamma = h / 2

@@ -51,7 +51,7 @@ from fedmcmc.data.synthetic import logistic_regression_data
 from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import logistic_regression
 from fedmcmc.samplers import fa_hmc
-from fedmcmc.runtime.simulator import DivergenceError
+from fedmcmc import DivergenceError
 
 NAME = "fahmc-vs-fald"
 SUMMARY = ("FA-HMC vs FA-LD at d = 1000: marginal error against step size, exact and noisy gradients "

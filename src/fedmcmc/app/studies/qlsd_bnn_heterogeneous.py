@@ -59,7 +59,7 @@ from fedmcmc.data.datasets import load_classification, split_and_standardise
 from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import lenet5, lenet5_layout, mlp, mlp_layout
 from fedmcmc.samplers import cg_dsgld, dsgld, psgld, qlsd_pp, qlsd_sharp, sgld
-from fedmcmc.runtime.simulator import DivergenceError
+from fedmcmc import DivergenceError
 
 NAME = "qlsd-bnn-heterogeneous"
 SUMMARY = ("BNN on MNIST-5k over 20 dominant-label clients: SGLD, pSGLD, QLSD(+PP), QLSD++(+PP), FSGLD; "

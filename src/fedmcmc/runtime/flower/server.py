@@ -120,7 +120,7 @@ class ServerRuntime:
         return replies
 
     def run(self, transport: Transport, progress: bool = False):
-        """Run (or resume) the rounds; returns the :class:`~fedmcmc.runtime.simulator.SimulationResult`."""
+        """Run (or resume) the rounds; returns the :class:`~fedmcmc.SimulationResult`."""
         run_fingerprint = fingerprint(runtime="flower", config=config_hash(self.cfg_text), chunk=self.chunk)
         chunk_dir = self.out_dir / "chunks"
         state_path = chunk_dir / "state.npz"
