@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedmcmc.evaluation import predictive
+from fedmcmc import evaluation
 from fedmcmc.data import datasets as D
 from fedmcmc.app.studies import fahmc_logistic as E
 from fedmcmc.app.studies import get
@@ -67,8 +67,8 @@ def test_metrics_are_of_the_bma_of_all_draws_so_far():
     b = np.array([[0.45, 0.55], [0.9, 0.1], [0.55, 0.45], [0.2, 0.8]])
     c = E.bma_curves(np.stack([a, b, b])[None], y, ece_bins=5)  # rounds {1}, {1, 2}, {1, 2, 3}
     assert c["accuracy"].tolist() == [[0.5, 1.0, 1.0]]  # the last half (rounds 2, 3) would give 0.5
-    assert c["nll"][0, 1] == pytest.approx(predictive.nll((a + b) / 2, y))
-    assert c["brier"][0, 1] == pytest.approx(predictive.brier((a + b) / 2, y))
+    assert c["nll"][0, 1] == pytest.approx(evaluation.nll((a + b) / 2, y))
+    assert c["brier"][0, 1] == pytest.approx(evaluation.brier((a + b) / 2, y))
     half = E.bma_curves(np.stack([a, a, b, b])[None], y, ece_bins=5, burn_in=0.5)  # round 4 averages rounds 3, 4
     assert half["accuracy"][0, 2] == 1.0 and half["accuracy"][0, 3] == 0.5
     runs = E.bma_curves(np.stack([np.stack([a, b]), np.stack([b, b])]), y, ece_bins=5)  # runs are not pooled

@@ -45,7 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from fedmcmc.runtime import io
-from fedmcmc.evaluation import distances as metrics, predictive
+from fedmcmc import evaluation
+from fedmcmc.evaluation import distances as metrics
 from fedmcmc.data import partition
 from fedmcmc.data.datasets import load_classification, pca_project, split_and_standardise
 from fedmcmc.app.studies.settings import resolve
@@ -137,10 +138,10 @@ def bma_curves(probs: np.ndarray, y: np.ndarray, ece_bins: int, burn_in: float =
         for r in range(1, num_rounds + 1):
             start = int(np.floor(burn_in * r))
             bma = (cum[r] - cum[start]) / (r - start)
-            out["accuracy"][c, r - 1] = predictive.accuracy(bma, y)
-            out["brier"][c, r - 1] = predictive.brier(bma, y)
-            out["ece"][c, r - 1] = predictive.ece(bma, y, ece_bins)
-            out["nll"][c, r - 1] = predictive.nll(bma, y)
+            out["accuracy"][c, r - 1] = evaluation.accuracy(bma, y)
+            out["brier"][c, r - 1] = evaluation.brier(bma, y)
+            out["ece"][c, r - 1] = evaluation.ece(bma, y, ece_bins)
+            out["nll"][c, r - 1] = evaluation.nll(bma, y)
     return out
 
 
@@ -154,7 +155,7 @@ def sample(cfg: dict, data, model, test, k: int, t: int, step_size: float, num_r
     theta0 = np.zeros(model.dim) if theta0 is None else theta0
     res = simulate(seed, sampler, data, theta0, num_rounds, num_chains=num_runs, progress=progress,
                    description=f"{label(k, t)} eta={step_size:g}", resume=resume, out_dir=run_dir)
-    probs = predictive.predict_draws(model, res.samples, x_test).reshape(res.samples.shape[:2] + (len(y_test), -1))
+    probs = evaluation.predict_draws(model, res.samples, x_test).reshape(res.samples.shape[:2] + (len(y_test), -1))
     return bma_curves(probs, y_test, cfg["ece_bins"], cfg["bma_burn_in"]), res
 
 

@@ -53,7 +53,7 @@ import numpy as np
 
 from fedmcmc.runtime import io
 from fedmcmc.samplers import participation
-from fedmcmc.evaluation import predictive
+from fedmcmc import evaluation
 from fedmcmc.estimators import surrogates
 from fedmcmc.compression import quantization
 from fedmcmc.data import partition
@@ -239,10 +239,10 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             methods[label] = {"diverged": True, "message": str(err)}
             continue
         results[label] = res
-        probs = predictive.predict_bma(model, res.samples, prob["x_test"])
-        ood = predictive.predict_bma(model, res.samples, prob["ood_x"])
-        report = predictive.classification_report(probs, prob["y_test"], cfg["ece_bins"], ood_probs=ood)
-        rel[label] = predictive.reliability(probs, prob["y_test"], cfg["ece_bins"])
+        probs = evaluation.predict_bma(model, res.samples, prob["x_test"])
+        ood = evaluation.predict_bma(model, res.samples, prob["ood_x"])
+        report = evaluation.classification_report(probs, prob["y_test"], cfg["ece_bins"], ood_probs=ood)
+        rel[label] = evaluation.reliability(probs, prob["y_test"], cfg["ece_bins"])
         steps = rounds * (cfg["local_steps"] if label.startswith(("FSGLD", "DSGLD")) else 1)
         extra = warm["point_gradients"] if label == "FSGLD (warm)" else 0.0
         methods[label] = {
@@ -286,7 +286,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     if results:
         io.write_posterior(out / "posterior.nc", results, attrs={"experiment": NAME, "quick": quick})
     if rel:
-        predictive.plot_reliability(out / "reliability.png", rel, title=f"{model.name} on {cfg['dataset']}, "
+        evaluation.plot_reliability(out / "reliability.png", rel, title=f"{model.name} on {cfg['dataset']}, "
                                     f"{b} dominant-label clients" + (" (quick)" if quick else ""))
     partition.plot_partition(out / "partition.png", np.asarray(prob["summary"]["partition"]["counts"]),
                              title=f"{cfg['dataset']}: {b} clients, {cfg['dominant']:.0%} of one label, "
