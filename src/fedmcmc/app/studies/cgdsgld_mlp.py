@@ -53,8 +53,7 @@ import numpy as np
 from fedmcmc.runtime import io
 from fedmcmc import evaluation
 from fedmcmc.estimators import surrogates
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification, split_and_standardise
+from fedmcmc.data import load_dataset, partition, split_and_standardise
 from fedmcmc.app.studies.settings import resolve
 from fedmcmc.models import initial_position, mlp, mlp_layout
 from fedmcmc.samplers import cg_dsgld, dsgld, sgld
@@ -176,7 +175,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     _check(cfg)
     out = Path(out)
     started = time.perf_counter()
-    dataset = load_classification(cfg["dataset"])
+    dataset = load_dataset(cfg["dataset"])
     if dataset.num_classes != 2:
         raise ValueError(f"{cfg['dataset']} has {dataset.num_classes} classes; this study needs a binary data set "
                          "(e.g. keel:magic, keel:twonorm or breast-cancer)")

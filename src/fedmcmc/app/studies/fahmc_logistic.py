@@ -47,8 +47,7 @@ import numpy as np
 from fedmcmc.runtime import io
 from fedmcmc import evaluation
 from fedmcmc.evaluation import distances as metrics
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification, pca_project, split_and_standardise
+from fedmcmc.data import load_dataset, partition, pca_project, split_and_standardise
 from fedmcmc.app.studies.settings import resolve
 from fedmcmc.models.softmax import multinomial_logistic_regression
 from fedmcmc.samplers import fa_hmc
@@ -76,7 +75,7 @@ def load_problem(cfg: dict, make_model=None):
     Raises the loader's FileNotFoundError (which says how to install the files) when
     Fashion-MNIST is missing.
     """
-    split = split_and_standardise(load_classification(cfg["dataset"]), cfg["seed"])
+    split = split_and_standardise(load_dataset(cfg["dataset"]), cfg["seed"])
     if cfg["train_subset"]:
         split = split._replace(x_train=split.x_train[:cfg["train_subset"]], y_train=split.y_train[:cfg["train_subset"]])
     if cfg["test_subset"]:

@@ -59,8 +59,7 @@ from fedmcmc.runtime import io
 from fedmcmc import evaluation
 from fedmcmc.evaluation import reference
 from fedmcmc.compression import qsgd_bits_bound, quantization
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification
+from fedmcmc.data import load_dataset, partition
 from fedmcmc.app.studies.settings import resolve
 from fedmcmc.models import logistic_regression
 from fedmcmc.samplers import cg_dsgld, dg_sgld, lsd_pp, qlsd_pp
@@ -95,7 +94,7 @@ def problem(cfg: dict):
 
     Returns ``(x_train, y_train, x_test, y_test, parts, data, model, local_lipschitz, source)``.
     """
-    ds = load_classification(cfg["dataset"])
+    ds = load_dataset(cfg["dataset"])
     classes = [int(c) for c in cfg["classes"]]
     if len(classes) != 2 or len(set(classes)) != 2 or not all(0 <= c < ds.num_classes for c in classes):
         raise ValueError(f"classes must be two distinct class indices of {cfg['dataset']} in "
