@@ -62,7 +62,7 @@ def reliability(probs, y, num_bins: int = 15) -> Reliability:
     Parameters
     ----------
     probs, y
-        As in :func:`accuracy`.
+        As in :func:`~fedmcmc.evaluation.classification.accuracy`.
     num_bins
         ``B``.
     """
@@ -91,7 +91,7 @@ def ece(probs, y, num_bins: int = 15) -> float:
     Parameters
     ----------
     probs, y
-        As in :func:`accuracy`.
+        As in :func:`~fedmcmc.evaluation.classification.accuracy`.
     num_bins
         ``B``.
 
@@ -119,7 +119,7 @@ def accuracy_vs_threshold(probs, y, thresholds) -> tuple[np.ndarray, np.ndarray]
     Parameters
     ----------
     probs, y
-        As in :func:`accuracy`.
+        As in :func:`~fedmcmc.evaluation.classification.accuracy`.
     thresholds
         ``[T]`` values of ``tau``.
 

@@ -21,7 +21,7 @@ def hpd_threshold(potentials, level: float = 0.99) -> float:
     "Maximum-a-posteriori estimation with Bayesian confidence regions", SIAM J. Imaging Sci.
     2017). Since ``U(theta)`` with ``theta ~ pi`` has distribution function
     ``P(U <= eta) = pi(C)``, ``eta_alpha`` is the ``alpha``-quantile of the potential values of
-    posterior draws (:func:`neg_log_posterior`).
+    posterior draws (:func:`~fedmcmc.evaluation.predict.neg_log_posterior`).
 
     Parameters
     ----------
@@ -51,7 +51,7 @@ def hpd_relative_error(potentials, reference_potentials, level: float = 0.99) ->
     Parameters
     ----------
     potentials
-        ``U(theta)`` (:func:`neg_log_posterior`) of the method's draws.
+        ``U(theta)`` (:func:`~fedmcmc.evaluation.predict.neg_log_posterior`) of the method's draws.
     reference_potentials
         ``U(theta)`` of the reference draws, computed with the same ``U`` (same data, same
         additive constant: the error is relative, so it depends on the constant dropped from

@@ -140,7 +140,7 @@ def neg_log_posterior(model, samples, data, batch_size: int = 256) -> np.ndarray
     """Potential ``U(theta) = -log prior(theta) - sum_j log p(x_j | theta)`` of every draw.
 
     This is ``-log pi(theta | D)`` up to the (unknown) log evidence, the quantity whose
-    quantiles define the highest-posterior-density regions of :func:`hpd_threshold`.
+    quantiles define the highest-posterior-density regions of :func:`~fedmcmc.evaluation.hpd.hpd_threshold`.
 
     Parameters
     ----------

@@ -17,8 +17,8 @@ def classification_report(probs, y, num_bins: int = 15, ref_probs=None, ood_prob
     Parameters
     ----------
     probs
-        Per-draw probabilities ``[S, n, K]`` (averaged first: :func:`bayes_average`) or the
-        predictive ``[n, K]`` itself.
+        Per-draw probabilities ``[S, n, K]`` (averaged first:
+        :func:`~fedmcmc.evaluation.predict.bayes_average`) or the predictive ``[n, K]`` itself.
     y
         ``[n]`` labels.
     num_bins
@@ -30,7 +30,7 @@ def classification_report(probs, y, num_bins: int = 15, ref_probs=None, ood_prob
         Optional predictive on out-of-distribution inputs (``[m, K]`` or ``[S, m, K]``): adds
         ``auroc_entropy`` (OOD detection by predictive entropy) and ``mean_entropy_ood``.
     eps
-        Clip of :func:`nll`.
+        Clip of :func:`~fedmcmc.evaluation.classification.nll`.
 
     Returns
     -------
