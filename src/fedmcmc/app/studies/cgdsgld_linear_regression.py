@@ -47,7 +47,7 @@ TAGS = dict(zip(METHODS, ("dsgld", "cg-exact", "cg-sgld-diag")))
 
 def problem(name: str, seed: int, cfg: dict):
     """Shards, model, exact posterior, test set and step sizes for one split."""
-    split = with_intercept(split_and_standardise(load_dataset(name), seed, cfg["test_fraction"]))
+    split = with_intercept(split_and_standardise(load_dataset(name, task="regression"), seed, cfg["test_fraction"]))
     beta = np.linalg.lstsq(split.x_train, split.y_train, rcond=None)[0]
     noise = float(np.std(split.y_train - split.x_train @ beta))
     shards = partition.shard_by_target(split.x_train, split.y_train, cfg["num_shards"])

@@ -175,7 +175,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     _check(cfg)
     out = Path(out)
     started = time.perf_counter()
-    dataset = load_dataset(cfg["dataset"])
+    dataset = load_dataset(cfg["dataset"], task="classification")
     if dataset.num_classes != 2:
         raise ValueError(f"{cfg['dataset']} has {dataset.num_classes} classes; this study needs a binary data set "
                          "(e.g. keel:magic, keel:twonorm or breast-cancer)")

@@ -75,7 +75,7 @@ def load_problem(cfg: dict, make_model=None):
     Raises the loader's FileNotFoundError (which says how to install the files) when
     Fashion-MNIST is missing.
     """
-    split = split_and_standardise(load_dataset(cfg["dataset"]), cfg["seed"])
+    split = split_and_standardise(load_dataset(cfg["dataset"], task="classification"), cfg["seed"])
     if cfg["train_subset"]:
         split = split._replace(x_train=split.x_train[:cfg["train_subset"]], y_train=split.y_train[:cfg["train_subset"]])
     if cfg["test_subset"]:

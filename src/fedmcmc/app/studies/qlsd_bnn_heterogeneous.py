@@ -109,7 +109,7 @@ def _subset(rng: np.random.Generator, y: np.ndarray, n: int | None) -> np.ndarra
 def problem(cfg: dict):
     """Training clients, test set and OOD inputs, as numpy arrays (see the module docstring)."""
     rng = np.random.default_rng(cfg["seed"])
-    ds = load_dataset(cfg["dataset"])
+    ds = load_dataset(cfg["dataset"], task="classification")
     split = split_and_standardise(ds, cfg["seed"], test_fraction=0.2, standardise="none")
     keep = _subset(rng, split.y_train, cfg["num_train"])
     x_train, y_train = downsample(split.x_train[keep], cfg["image_size"]), split.y_train[keep]
@@ -118,7 +118,7 @@ def problem(cfg: dict):
     ood_name = OTHER.get(cfg["dataset"]) if cfg["ood_dataset"] == "auto" else cfg["ood_dataset"]
     if ood_name is None:
         raise ValueError(f"no default OOD set for {cfg['dataset']!r}: give --set ood_dataset=NAME")
-    ood = load_dataset(ood_name)
+    ood = load_dataset(ood_name, task="classification")
     ood_x, ood_y = ood.test if ood.test is not None else (ood.x, ood.y)
     ood_x = downsample(ood_x[_subset(rng, ood_y, cfg["num_ood"])], cfg["image_size"])
     parts = partition.dominant_label(cfg["seed"], y_train, cfg["num_clients"], cfg["dominant"], cfg["other"],

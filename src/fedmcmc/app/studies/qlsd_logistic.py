@@ -94,7 +94,7 @@ def problem(cfg: dict):
 
     Returns ``(x_train, y_train, x_test, y_test, parts, data, model, local_lipschitz, source)``.
     """
-    ds = load_dataset(cfg["dataset"])
+    ds = load_dataset(cfg["dataset"], task="classification")
     classes = [int(c) for c in cfg["classes"]]
     if len(classes) != 2 or len(set(classes)) != 2 or not all(0 <= c < ds.num_classes for c in classes):
         raise ValueError(f"classes must be two distinct class indices of {cfg['dataset']} in "
