@@ -27,8 +27,7 @@ import numpy as np
 
 from fedmcmc.runtime import io
 from fedmcmc.estimators import surrogates
-from fedmcmc.data.federated import from_clients
-from fedmcmc.data.regression import load_regression, shard_by_target, train_test_split
+from fedmcmc.data import from_clients, load_dataset, partition, split_and_standardise, with_intercept
 from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import linear_regression, linear_regression_posterior
 from fedmcmc.samplers import cg_dsgld, dsgld
@@ -47,11 +46,10 @@ TAGS = dict(zip(METHODS, ("dsgld", "cg-exact", "cg-sgld-diag")))
 
 def problem(name: str, seed: int, cfg: dict):
     """Shards, model, exact posterior, test set and step sizes for one split."""
-    x, y, _ = load_regression(name)
-    split = train_test_split(x, y, seed, cfg["test_fraction"])
+    split = with_intercept(split_and_standardise(load_dataset(name, task="regression"), seed, cfg["test_fraction"]))
     beta = np.linalg.lstsq(split.x_train, split.y_train, rcond=None)[0]
     noise = float(np.std(split.y_train - split.x_train @ beta))
-    shards = shard_by_target(split.x_train, split.y_train, cfg["num_shards"])
+    shards = partition.shard_by_target(split.x_train, split.y_train, cfg["num_shards"])
     data = from_clients(shards)
     model = linear_regression(split.x_train.shape[1], noise_scale=noise, prior_scale=cfg["prior_scale"])
     post = linear_regression_posterior(data, noise, cfg["prior_scale"])

@@ -51,10 +51,9 @@ import jax
 import numpy as np
 
 from fedmcmc.runtime import io
-from fedmcmc.evaluation import predictive
+from fedmcmc import evaluation
 from fedmcmc.estimators import surrogates
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification, split_and_standardise
+from fedmcmc.data import load_dataset, partition, split_and_standardise
 from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import initial_position, mlp, mlp_layout
 from fedmcmc.samplers import cg_dsgld, dsgld, sgld
@@ -87,15 +86,15 @@ def partition_label(a: float) -> str:
 def log_likelihood_per_datum(model, samples, x, y) -> float:
     """``(1/n) sum_i log((1/T) sum_t p(y_i | x_i, theta_t))``: the log predictive density per
     datum of the model average of the draws ``samples[..., d]`` (minus the log loss)."""
-    return -predictive.nll(predictive.predict_bma(model, samples, x), y)
+    return -evaluation.nll(evaluation.predict_bma(model, samples, x), y)
 
 
 def log_likelihood_per_draw(model, samples, x, y, chunk: int = 256) -> float:
     """``(1/T) sum_t (1/n) sum_i log p(y_i | x_i, theta_t)``: the mean over the draws of each
     draw's log-likelihood per datum (at most the model average's, by Jensen)."""
     theta = np.asarray(samples).reshape(-1, np.shape(samples)[-1])
-    return float(np.mean([-predictive.nll(p, y) for i in range(0, len(theta), chunk)
-                          for p in predictive.predict_draws(model, theta[i:i + chunk], x)]))
+    return float(np.mean([-evaluation.nll(p, y) for i in range(0, len(theta), chunk)
+                          for p in evaluation.predict_draws(model, theta[i:i + chunk], x)]))
 
 
 def balanced(seed: int, y) -> np.ndarray:
@@ -170,7 +169,7 @@ def _stats(values) -> dict:
 
 def science(cfg: dict, run: Run) -> Findings:
     _check(cfg)
-    dataset = load_classification(cfg["dataset"])
+    dataset = load_dataset(cfg["dataset"], task="classification")
     if dataset.num_classes != 2:
         raise ValueError(f"{cfg['dataset']} has {dataset.num_classes} classes; this study needs a binary data set "
                          "(e.g. keel:magic, keel:twonorm or breast-cancer)")
@@ -192,13 +191,13 @@ def science(cfg: dict, run: Run) -> Findings:
                         values[method][key].append(float("nan"))
                     continue
                 # one pass over train and test points: the model average of the kept draws
-                probs = predictive.predict_bma(model, res.samples[0], np.concatenate([x_tr, split.x_test]))
+                probs = evaluation.predict_bma(model, res.samples[0], np.concatenate([x_tr, split.x_test]))
                 for name, p, x, y in (("train", probs[:len(y_tr)], x_tr, y_tr),
                                       ("test", probs[len(y_tr):], split.x_test, split.y_test)):
-                    values[method][f"{name}_log_likelihood"].append(-predictive.nll(p, y))
+                    values[method][f"{name}_log_likelihood"].append(-evaluation.nll(p, y))
                     values[method][f"{name}_log_likelihood_per_draw"].append(
                         log_likelihood_per_draw(model, res.samples[0], x, y))
-                    values[method][f"{name}_accuracy"].append(predictive.accuracy(p, y))
+                    values[method][f"{name}_accuracy"].append(evaluation.accuracy(p, y))
                 if k == 0:
                     first[f"{label} {method}"] = res
         partitions[label] = {

@@ -45,9 +45,9 @@ from pathlib import Path
 import numpy as np
 
 from fedmcmc.runtime import io
-from fedmcmc.evaluation import distances as metrics, predictive
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification, pca_project, split_and_standardise
+from fedmcmc import evaluation
+from fedmcmc.evaluation import distances as metrics
+from fedmcmc.data import load_dataset, partition, pca_project, split_and_standardise
 from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models.softmax import multinomial_logistic_regression
 from fedmcmc.samplers import fa_hmc
@@ -74,7 +74,7 @@ def load_problem(cfg: dict, make_model=None):
     Raises the loader's FileNotFoundError (which says how to install the files) when
     Fashion-MNIST is missing.
     """
-    split = split_and_standardise(load_classification(cfg["dataset"]), cfg["seed"])
+    split = split_and_standardise(load_dataset(cfg["dataset"], task="classification"), cfg["seed"])
     if cfg["train_subset"]:
         split = split._replace(x_train=split.x_train[:cfg["train_subset"]], y_train=split.y_train[:cfg["train_subset"]])
     if cfg["test_subset"]:
@@ -136,10 +136,10 @@ def bma_curves(probs: np.ndarray, y: np.ndarray, ece_bins: int, burn_in: float =
         for r in range(1, num_rounds + 1):
             start = int(np.floor(burn_in * r))
             bma = (cum[r] - cum[start]) / (r - start)
-            out["accuracy"][c, r - 1] = predictive.accuracy(bma, y)
-            out["brier"][c, r - 1] = predictive.brier(bma, y)
-            out["ece"][c, r - 1] = predictive.ece(bma, y, ece_bins)
-            out["nll"][c, r - 1] = predictive.nll(bma, y)
+            out["accuracy"][c, r - 1] = evaluation.accuracy(bma, y)
+            out["brier"][c, r - 1] = evaluation.brier(bma, y)
+            out["ece"][c, r - 1] = evaluation.ece(bma, y, ece_bins)
+            out["nll"][c, r - 1] = evaluation.nll(bma, y)
     return out
 
 
@@ -153,7 +153,7 @@ def sample(cfg: dict, data, model, test, k: int, t: int, step_size: float, num_r
     theta0 = np.zeros(model.dim) if theta0 is None else theta0
     res = run.simulate(seed, sampler, data, theta0, num_rounds, num_chains=num_runs,
                        description=f"{label(k, t)} eta={step_size:g}", folder=folder)
-    probs = predictive.predict_draws(model, res.samples, x_test).reshape(res.samples.shape[:2] + (len(y_test), -1))
+    probs = evaluation.predict_draws(model, res.samples, x_test).reshape(res.samples.shape[:2] + (len(y_test), -1))
     return bma_curves(probs, y_test, cfg["ece_bins"], cfg["bma_burn_in"]), res
 
 

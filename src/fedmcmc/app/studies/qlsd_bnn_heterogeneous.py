@@ -51,11 +51,10 @@ import jax
 import numpy as np
 
 from fedmcmc.samplers import participation
-from fedmcmc.evaluation import predictive
+from fedmcmc import evaluation
 from fedmcmc.estimators import surrogates
 from fedmcmc.compression import quantization
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification, split_and_standardise
+from fedmcmc.data import load_dataset, partition, split_and_standardise
 from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import lenet5, lenet5_layout, mlp, mlp_layout
 from fedmcmc.samplers import cg_dsgld, dsgld, psgld, qlsd_pp, qlsd_sharp, sgld
@@ -108,7 +107,7 @@ def _subset(rng: np.random.Generator, y: np.ndarray, n: int | None) -> np.ndarra
 def problem(cfg: dict):
     """Training clients, test set and OOD inputs, as numpy arrays (see the module docstring)."""
     rng = np.random.default_rng(cfg["seed"])
-    ds = load_classification(cfg["dataset"])
+    ds = load_dataset(cfg["dataset"], task="classification")
     split = split_and_standardise(ds, cfg["seed"], test_fraction=0.2, standardise="none")
     keep = _subset(rng, split.y_train, cfg["num_train"])
     x_train, y_train = downsample(split.x_train[keep], cfg["image_size"]), split.y_train[keep]
@@ -117,7 +116,7 @@ def problem(cfg: dict):
     ood_name = OTHER.get(cfg["dataset"]) if cfg["ood_dataset"] == "auto" else cfg["ood_dataset"]
     if ood_name is None:
         raise ValueError(f"no default OOD set for {cfg['dataset']!r}: give --set ood_dataset=NAME")
-    ood = load_classification(ood_name)
+    ood = load_dataset(ood_name, task="classification")
     ood_x, ood_y = ood.test if ood.test is not None else (ood.x, ood.y)
     ood_x = downsample(ood_x[_subset(rng, ood_y, cfg["num_ood"])], cfg["image_size"])
     parts = partition.dominant_label(cfg["seed"], y_train, cfg["num_clients"], cfg["dominant"], cfg["other"],
@@ -231,10 +230,10 @@ def science(cfg: dict, run: Run) -> Findings:
             methods[label] = {"diverged": True, "message": str(err)}
             continue
         results[label] = res
-        probs = predictive.predict_bma(model, res.samples, prob["x_test"])
-        ood = predictive.predict_bma(model, res.samples, prob["ood_x"])
-        report = predictive.classification_report(probs, prob["y_test"], cfg["ece_bins"], ood_probs=ood)
-        rel[label] = predictive.reliability(probs, prob["y_test"], cfg["ece_bins"])
+        probs = evaluation.predict_bma(model, res.samples, prob["x_test"])
+        ood = evaluation.predict_bma(model, res.samples, prob["ood_x"])
+        report = evaluation.classification_report(probs, prob["y_test"], cfg["ece_bins"], ood_probs=ood)
+        rel[label] = evaluation.reliability(probs, prob["y_test"], cfg["ece_bins"])
         steps = rounds * (cfg["local_steps"] if label.startswith(("FSGLD", "DSGLD")) else 1)
         extra = warm["point_gradients"] if label == "FSGLD (warm)" else 0.0
         methods[label] = {
@@ -261,7 +260,7 @@ def science(cfg: dict, run: Run) -> Findings:
     d, b = model.dim, data.num_clients
     figures = {}
     if rel:
-        figures["reliability.png"] = partial(predictive.plot_reliability, methods=rel, title=(
+        figures["reliability.png"] = partial(evaluation.plot_reliability, methods=rel, title=(
             f"{model.name} on {cfg['dataset']}, {b} dominant-label clients" + (" (quick)" if run.quick else "")))
     figures["partition.png"] = partial(
         partition.plot_partition, counts=np.asarray(prob["summary"]["partition"]["counts"]),

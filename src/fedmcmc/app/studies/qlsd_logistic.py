@@ -34,7 +34,7 @@ burn_in=50000`` runs the paper's length.
 Metrics:
 
 - the relative 99% HPD error ``|eta - eta_ref| / eta_ref`` of
-  :func:`fedmcmc.evaluation.predictive.hpd_relative_error` (``eta`` the 0.99-quantile of the potential
+  :func:`fedmcmc.evaluation.hpd_relative_error` (``eta`` the 0.99-quantile of the potential
   U over the draws), against LSD++ as in the paper (``hpd_error_vs_lsd``; it measures the
   compression error only) and against NUTS on the pooled posterior (``hpd_error_vs_nuts``,
   ours: it adds the discretisation bias shared with LSD++). Standard errors from the spread of
@@ -56,10 +56,10 @@ import numpy as np
 
 from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.runtime import io
-from fedmcmc.evaluation import predictive, reference
+from fedmcmc import evaluation
+from fedmcmc.evaluation import reference
 from fedmcmc.compression import qsgd_bits_bound, quantization
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification
+from fedmcmc.data import load_dataset, partition
 from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import logistic_regression
 from fedmcmc.samplers import cg_dsgld, dg_sgld, lsd_pp, qlsd_pp
@@ -93,7 +93,7 @@ def problem(cfg: dict):
 
     Returns ``(x_train, y_train, x_test, y_test, parts, data, model, local_lipschitz, source)``.
     """
-    ds = load_classification(cfg["dataset"])
+    ds = load_dataset(cfg["dataset"], task="classification")
     classes = [int(c) for c in cfg["classes"]]
     if len(classes) != 2 or len(set(classes)) != 2 or not all(0 <= c < ds.num_classes for c in classes):
         raise ValueError(f"classes must be two distinct class indices of {cfg['dataset']} in "
@@ -129,9 +129,9 @@ def problem(cfg: dict):
 
 def _thresholds(model, samples, pooled, level):
     """``eta`` from all draws, its standard error from the per-chain thresholds, and those thresholds."""
-    u = predictive.neg_log_posterior(model, samples, pooled).reshape(np.shape(samples)[:2])  # [chain, draw]
-    per_chain = np.array([predictive.hpd_threshold(u[c], level) for c in range(u.shape[0])])
-    return predictive.hpd_threshold(u, level), _se(per_chain), per_chain, u
+    u = evaluation.neg_log_posterior(model, samples, pooled).reshape(np.shape(samples)[:2])  # [chain, draw]
+    per_chain = np.array([evaluation.hpd_threshold(u[c], level) for c in range(u.shape[0])])
+    return evaluation.hpd_threshold(u, level), _se(per_chain), per_chain, u
 
 
 def _se(x) -> float:
@@ -173,7 +173,7 @@ def against_lsd(table: dict, potentials: dict, cfg: dict) -> None:
         m["hpd_error_vs_lsd_se"] = _se(np.subtract(m["hpd_threshold_per_chain"], lsd["hpd_threshold_per_chain"])
                                        / abs(lsd["hpd_threshold"]))
         # as with independent runs: the method's first half of the chains against LSD++'s second half
-        m["hpd_error_vs_lsd_unpaired"] = (predictive.hpd_relative_error(
+        m["hpd_error_vs_lsd_unpaired"] = (evaluation.hpd_relative_error(
             potentials[label][:half], u_lsd[half:], cfg["hpd_level"]) if half else float("nan"))
         if label in PAPER:
             m["paper_hpd_error_vs_lsd"], m["paper_relative_efficiency"] = PAPER[label]
@@ -215,7 +215,7 @@ def science(cfg: dict, run: Run) -> Findings:
                            thinning=thin, description=label, folder=label.replace(" ", "_").replace("+", "p"))
         results[label] = res
         eta, se, per_chain, potentials[label] = _thresholds(model, res.samples, pooled, cfg["hpd_level"])
-        probs = predictive.predict_bma(model, res.samples, x_test) if len(y_test) else None
+        probs = evaluation.predict_bma(model, res.samples, x_test) if len(y_test) else None
         err_nuts, err_nuts_se = relative_hpd_error(eta, se, eta_nuts, se_nuts)
         table[label] = {
             "levels": levels,
@@ -224,7 +224,7 @@ def science(cfg: dict, run: Run) -> Findings:
             "bits_per_iteration": float(res.total_bits_up.mean() / cfg["num_iterations"]),
             "setup_bits": float(res.setup_bits_up.mean()),
             "relative_efficiency_paper_formula": paper_efficiency(levels, d) if levels else None,
-            "test_accuracy": predictive.accuracy(probs, y_test) if probs is not None else None,
+            "test_accuracy": evaluation.accuracy(probs, y_test) if probs is not None else None,
             "posterior_mean_error_vs_nuts": float(np.linalg.norm(res.samples.reshape(-1, d).mean(0)
                                                                  - ref.samples.reshape(-1, d).mean(0))),
             "num_draws": int(res.samples.shape[0] * res.samples.shape[1]),
@@ -234,10 +234,10 @@ def science(cfg: dict, run: Run) -> Findings:
     against_lsd(table, potentials, cfg)
     # the Monte-Carlo floor of the metric: NUTS's first half against its second half
     mid = ref.samples.shape[1] // 2
-    floor = predictive.hpd_relative_error(predictive.neg_log_posterior(model, ref.samples[:, :mid], pooled),
-                                          predictive.neg_log_posterior(model, ref.samples[:, mid:], pooled),
+    floor = evaluation.hpd_relative_error(evaluation.neg_log_posterior(model, ref.samples[:, :mid], pooled),
+                                          evaluation.neg_log_posterior(model, ref.samples[:, mid:], pooled),
                                           cfg["hpd_level"])
-    ref_probs = predictive.predict_bma(model, ref.samples, x_test) if len(y_test) else None
+    ref_probs = evaluation.predict_bma(model, ref.samples, x_test) if len(y_test) else None
     return Findings(
         settings={**cfg, "num_clients": b, "dim": d, "num_train": int(len(y_train)),
                   "num_test": int(len(y_test)), "client_sizes": [int(len(p)) for p in parts],
@@ -251,7 +251,7 @@ def science(cfg: dict, run: Run) -> Findings:
                           "ess": ref.ess, "divergences": ref.divergences,
                           "num_draws": int(ref.samples.shape[0] * ref.samples.shape[1]),
                           "hpd_error_between_halves": floor,
-                          "test_accuracy": predictive.accuracy(ref_probs, y_test) if ref_probs is not None else None,
+                          "test_accuracy": evaluation.accuracy(ref_probs, y_test) if ref_probs is not None else None,
                           "cached": ref.cached},
             "paper": {label: {"hpd_error_vs_lsd": e, "relative_efficiency": r} for label, (e, r) in PAPER.items()},
             "methods": table,
