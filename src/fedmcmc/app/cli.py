@@ -60,13 +60,15 @@ def _workers_option(parser) -> None:
 
 def _list() -> None:
     from fedmcmc.app import config, studies as experiments, problems
+    from fedmcmc.samplers import REGISTRY
 
     print("experiments (fedmcmc reproduce NAME [--quick]):")
     for name, module in sorted(experiments.EXPERIMENTS.items()):
         print(f"  {name:24s} {module.SUMMARY}")
-    print("samplers ([sampler] name in a run config):")
-    for name, text in config.SAMPLERS.items():
-        print(f"  {name:24s} {text}")
+    print("samplers ([sampler] name in a run config, and its keys; * must be set):")
+    for name, entry in REGISTRY.items():
+        keys = ", ".join(key + "*" * required for key, required in config.sampler_keys(name).items())
+        print(f"  {name:24s} {entry.summary}\n  {'':24s} keys: {keys}")
     print("problems ([problem] name in a run config):")
     for name in problems.PROBLEMS:
         print(f"  {name:24s} {problems.summary(name)}")
