@@ -1,10 +1,11 @@
-"""What every registered sampler owes the runtimes, checked over the whole catalog and the registry.
+"""What every registered sampler owes the runtimes, checked over the catalog and the registry.
 
-Over the catalog (:mod:`catalog`, every sampler and surrogate kind on real data): the bits a client reports (``ClientInfo.bits``) must be the length of the message that the
-wire layer actually writes for its upload (``fedmcmc.runtime.flower.wire.encode_upload``), in the
-setup exchange and in a round; a sampler that counts otherwise misreports its
-communication cost in both runtimes. The centralised baselines (SGLD and pSGLD on the pooled
-data) communicate nothing and report 0.
+Over the catalog (:mod:`catalog`, every sampler and surrogate kind on real data): the bits a
+client reports (``ClientInfo.bits``) must be the length of the message that the wire layer
+actually writes for its upload (``fedmcmc.runtime.flower.wire.encode_upload``), in the setup
+exchange and in a round; a sampler that counts otherwise misreports its communication cost in
+both runtimes. The centralised baselines (SGLD and pSGLD on the pooled data) communicate nothing
+and report 0.
 
 Over the registry (``fedmcmc.samplers.REGISTRY``, each sampler from a run config that the
 registry generates): the server and clients of the Flower runtime, without Flower, give the
@@ -39,6 +40,10 @@ ULPS = {"psgld", "dg-sgld", "fedavg"}
 def _encoded_bits(uploads, client: int) -> int:
     return encode_upload([jax.tree_util.tree_map(lambda a: np.asarray(a)[client], part)
                           for part in items(uploads)]).bits
+
+
+def test_the_catalog_has_every_registered_sampler():
+    assert all(any(key == name or key.startswith(name + "-") for key in CATALOG) for name in REGISTRY)
 
 
 @pytest.mark.parametrize("name", sorted(CATALOG))

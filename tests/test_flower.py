@@ -38,6 +38,30 @@ thinning = 2
 chunk_size = 4
 """
 
+#: Also run on the deployment engine (tests/test_flower_deploy.py).
+FA_HMC = """
+[problem]
+name = "heterogeneous-gaussian"
+num_clients = 3
+dim = 4
+min_size = 10
+max_size = 30
+[sampler]
+name = "fa-hmc"
+step_size = 0.05
+num_leapfrog = 3
+local_steps = 4
+clock = "leapfrog"
+correlation = 0.5
+debiased = true
+compression = { bits = 8 }
+[run]
+seed = 1
+num_chains = 2
+num_iterations = 4
+"""
+
+
 def reference(text):
     cfg = tomllib.loads(text)
     built = config.build(cfg)

@@ -101,7 +101,7 @@ def _main(args) -> int:
               f"{payload['posterior_mean_error']:.3g}, variance ratio {payload['posterior_variance_ratio']:.3g}")
         return 0
     if args.command == "flower":
-        from fedmcmc.runtime.flower import launch
+        from fedmcmc.app.flower import launch
 
         out = args.out or Path("results") / f"{args.config.stem}-flower-{args.engine}"
         run = launch.run_sim if args.engine == "sim" else launch.run_deploy
