@@ -1,7 +1,7 @@
 """Every registered sampler and every surrogate kind, built on a real data set.
 
 Used by the long-lived-process test (``test_no_hang``) and the runtime-equality tests: one
-place that knows how to build each sampler of ``fedmcmc.app.config.SAMPLERS`` on scikit-learn's
+place that knows how to build each sampler of ``fedmcmc.samplers.REGISTRY`` on scikit-learn's
 breast-cancer data (569 patients, 30 features, split over 10 clients by a Dirichlet(0.5)
 label partition), with small settings so that each one compiles and runs in about a second.
 """

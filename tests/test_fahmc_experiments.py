@@ -106,8 +106,9 @@ def test_fa_hmc_config_errors(tmp_path):
     base = (ROOT / "examples" / "fa_hmc.toml").read_text()
     cases = [
         (base.replace("num_leapfrog = 5", "#"), "needs num_leapfrog"),
-        (base.replace('name = "fa-hmc"', 'name = "fa-ld"'), "fa-ld takes one leapfrog step"),
-        (base.replace('name = "fa-hmc"', 'name = "qlsd#"'), "FA-HMC settings"),
+        (base.replace('name = "fa-hmc"', 'name = "fa-ld"'),
+         "fa-ld does not take ['clock', 'num_leapfrog'] (settings of fa-hmc)"),
+        (base.replace('name = "fa-hmc"', 'name = "qlsd#"'), "(settings of fa-hmc)"),
         (base.replace("debiased = true", "debiased = 1"), "debiased must be true or false"),
         (base.replace("correlation = 1.0", "correlation = 2.0"), "correlation rho must lie in [0, 1]"),
         (base.replace("dim = 10", "dim = 10\nmin_size = 3"), "unknown key(s) ['min_size']"),

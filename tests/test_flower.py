@@ -1,4 +1,5 @@
-"""fedmcmc on Flower: same samples as the simulator, faults, resume (docs/flower.md)."""
+"""fedmcmc on Flower: the simulation engine, the wire, faults, resume (docs/flower.md); every registered
+sampler gives the simulator's samples over the runtime in tests/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ thinning = 2
 chunk_size = 4
 """
 
+#: Also run on the deployment engine (tests/test_flower_deploy.py).
 FA_HMC = """
 [problem]
 name = "heterogeneous-gaussian"
@@ -70,20 +72,21 @@ def reference(text):
 
 
 def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_path):
+    """The Flower apps on the simulation engine (every sampler over the runtime without Flower:
+    tests/test_conformance.py)."""
     from fedmcmc.app.flower.launch import run_sim_many
 
-    outs = [tmp_path / "qlsdpp", tmp_path / "fahmc"]
-    payloads = run_sim_many([(QLSD_PP, outs[0]), (FA_HMC, outs[1])])
-    for text, out, payload in zip((QLSD_PP, FA_HMC), outs, payloads):
-        ref = reference(text)
-        chunks = sorted((out / "chunks").glob("chunk_*.npz"))
-        samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
-        res_json = json.loads((out / "results.json").read_text())
-        assert (out / "posterior.nc").exists()
-        assert res_json == payload and res_json["flower"]["engine"] == "simulation"
-        assert res_json["flower"]["wire_bits_mismatch"] == 0 and res_json["flower"]["rejected_uploads"] == 0
-        assert res_json["upload_bits_per_chain"] == float(ref.total_bits_up.mean())
-        np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
+    out = tmp_path / "qlsdpp"
+    payload, = run_sim_many([(QLSD_PP, out)])
+    ref = reference(QLSD_PP)
+    chunks = sorted((out / "chunks").glob("chunk_*.npz"))
+    samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
+    res_json = json.loads((out / "results.json").read_text())
+    assert (out / "posterior.nc").exists()
+    assert res_json == payload and res_json["flower"]["engine"] == "simulation"
+    assert res_json["flower"]["wire_bits_mismatch"] == 0 and res_json["flower"]["rejected_uploads"] == 0
+    assert res_json["upload_bits_per_chain"] == float(ref.total_bits_up.mean())
+    np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
 
 
 def test_wire_rejects_malformed_uploads():
@@ -199,76 +202,3 @@ def test_no_raw_data_leaves_a_client(tmp_path):
                 assert len(value) <= 4 * d + 8  # at most one float32 vector of dimension d
                 for row in np.asarray(raw, np.float32).reshape(len(raw), -1):
                     assert row.tobytes() not in value
-
-
-CG_DSGLD = """
-[problem]
-name = "gaussian-blobs"
-num_shards = 3
-points_per_shard = 20
-[sampler]
-name = "cg-dsgld"
-step_size = 1e-3
-batch_size = 5
-local_steps = 10
-record_every = 5
-surrogate = "taylor"
-[run]
-seed = 2
-num_chains = 2
-num_iterations = 3
-"""
-
-QLSD_SHARP = """
-[problem]
-name = "heterogeneous-gaussian"
-num_clients = 3
-dim = 3
-[sampler]
-name = "qlsd"
-step_size = 1e-3
-batch_size = 4
-compression = { levels = [2, 16, 256] }
-participation = { p = 0.5, scaling = "inverse_probability" }
-[run]
-seed = 5
-num_chains = 2
-num_iterations = 3
-"""
-
-
-SMALL = """
-[problem]
-name = "heterogeneous-gaussian"
-num_clients = 3
-dim = 3
-[run]
-seed = 6
-num_chains = 2
-num_iterations = 3
-[sampler]
-"""
-PSGLD = SMALL + 'name = "psgld"\nstep_size = 1e-3\nbatch_size = 4\nbeta = 0.9\n'
-DG_SGLD = SMALL + ('name = "dg-sgld"\nstep_size = 1e-3\nrho = 0.1\nnum_local_steps = 2\nbatch_size = 4\n'
-                   'participation = { p = 0.5, scaling = "inverse_probability" }\n')
-FEDAVG = SMALL + 'name = "fedavg"\nstep_size = 1e-3\nlocal_steps = 3\nbatch_size = 4\ncompression = { bits = 6 }\n'
-
-
-@pytest.mark.parametrize("text", [CG_DSGLD, QLSD_SHARP, PSGLD, DG_SGLD, FEDAVG],
-                         ids=["cg-dsgld-setup-exchange", "qlsd-per-client-levels", "psgld", "dg-sgld", "fedavg"])
-def test_other_samplers_same_samples_over_the_runtime(text, tmp_path):
-    """CG-DSGLD (setup exchange, several draws per round), QLSD# with per-client quantisers
-    and partial participation, pSGLD (one client), DG-SGLD and FedAvg give the simulator's
-    samples bit for bit; DG-SGLD and FedAvg to 1-2 float32 ulps (see docs/flower.md)."""
-    ref = reference(text)
-    server = ServerRuntime(text, tmp_path, config.from_text)
-    res = server.run(LocalTransport(text, server.b, config.from_text))
-    if text in (DG_SGLD, FEDAVG):
-        np.testing.assert_allclose(res.samples, ref.samples, rtol=5e-7, atol=1e-8)
-        assert not np.array_equal(res.samples[:, :1], res.samples[:, 1:2])  # the chain moved
-    else:
-        np.testing.assert_array_equal(res.samples, ref.samples)
-    if text != PSGLD:  # centralised pSGLD counts no communication; on Flower its upload does travel
-        np.testing.assert_array_equal(res.total_bits_up, ref.total_bits_up)
-        assert server.stats["wire_bits_mismatch"] == 0
-    np.testing.assert_array_equal(res.setup_bits_up, ref.setup_bits_up)

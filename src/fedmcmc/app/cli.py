@@ -59,14 +59,16 @@ def _workers_option(parser) -> None:
 
 
 def _list() -> None:
-    from fedmcmc.app import config, problems, studies
+    from fedmcmc.app import config, studies, problems
+    from fedmcmc.samplers import REGISTRY
 
     print("experiments (fedmcmc reproduce NAME [--quick]):")
     for name, study in sorted(studies.EXPERIMENTS.items()):
         print(f"  {name:24s} {study.SUMMARY}")
-    print("samplers ([sampler] name in a run config):")
-    for name, text in config.SAMPLERS.items():
-        print(f"  {name:24s} {text}")
+    print("samplers ([sampler] name in a run config, and its keys; * must be set):")
+    for name, entry in REGISTRY.items():
+        keys = ", ".join(key + "*" * required for key, required in config.sampler_keys(name).items())
+        print(f"  {name:24s} {entry.summary}\n  {'':24s} keys: {keys}")
     print("problems ([problem] name in a run config):")
     for name in problems.PROBLEMS:
         print(f"  {name:24s} {problems.summary(name)}")
@@ -101,7 +103,7 @@ def _main(args) -> int:
               f"{payload['posterior_mean_error']:.3g}, variance ratio {payload['posterior_variance_ratio']:.3g}")
         return 0
     if args.command == "flower":
-        from fedmcmc.runtime.flower import launch
+        from fedmcmc.app.flower import launch
 
         out = args.out or Path("results") / f"{args.config.stem}-flower-{args.engine}"
         run = launch.run_sim if args.engine == "sim" else launch.run_deploy

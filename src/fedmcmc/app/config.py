@@ -3,24 +3,16 @@
 Example::
 
     [problem]
-    name = "heterogeneous-gaussian"   # built-in problems: see PROBLEMS
+    name = "heterogeneous-gaussian"   # a problem of fedmcmc.app.problems.PROBLEMS
     num_clients = 20
     dim = 50
 
     [sampler]
-    name = "qlsd*"                    # sgld, qlsd#, qlsd*, lsd*, qlsd++, lsd++, fa-hmc, fa-ld
+    name = "qlsd*"                    # a sampler of fedmcmc.samplers.REGISTRY
     step_size = 4.9e-4
     batch_fraction = 0.1              # or batch_size = 10 (per client), omit for full batches
     compression = { bits = 8 }        # or { levels = 16 }, "none"
     participation = { p = 0.5, scaling = "inverse_probability" }
-    # FA-HMC / FA-LD: num_leapfrog = 10 (K), local_steps = 100 (T), correlation = 1.0,
-    #                 gradient_noise = 0.0, debiased = false,
-    #                 clock = "leapfrog" (T counts leapfrog steps) or "trajectory" (T counts
-    #                 trajectories of K steps, Algorithm 3); required for fa-hmc,
-    #                 momentum_sync = "local" (default) or "average"
-    # DSGLD / CG-DSGLD: local_steps = 200, record_every = 100, shard_probs = "uniform" or "size",
-    #                   CG-DSGLD: surrogate = "taylor" | "laplace" | "sgld", surrogate_covariance = "full",
-    #                   alpha = 1.0, surrogate_step_size, surrogate_steps, surrogate_burn_in (for "sgld")
 
     [run]
     seed = 0
@@ -28,14 +20,23 @@ Example::
     num_iterations = 20000
     burn_in = 10000
     thinning = 10
+
+Both sections are registries. A ``[problem]`` may set its builder's keyword arguments
+(:func:`fedmcmc.app.problems.settings`). A ``[sampler]`` may set its builder's arguments
+(:func:`sampler_keys`; ``fedmcmc list`` prints them) and must set those without a default,
+except the arguments of :data:`_ARGUMENTS`, which the run supplies (``model``, ``weights``,
+the mode of QLSD*) or makes from other keys (``compression`` is the ``compressor``,
+``participation`` the scheme, ``batch_fraction`` a ``batch_size``, ``shard_probs`` the
+``probs``, ``surrogate`` and ``surrogate_*`` the CG-DSGLD surrogate).
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -44,50 +45,125 @@ from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.runtime import io
 from fedmcmc.app import problems
 from fedmcmc.compression import resolve_compressor
+from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
-from fedmcmc.samplers import (cg_dsgld, dg_sgld, dsgld, fa_hmc, fedavg, lsd_pp, lsd_star, psgld, qlsd_pp, qlsd_sharp,
-                              qlsd_star, sgld)
 from fedmcmc.runtime.simulator import simulate
 
-SAMPLERS = {
-    "sgld": "centralised SGLD on the pooled data (baseline)",
-    "qlsd#": "QLSD with minibatch gradients (Vono et al. 2022, Alg. 1); alias 'qlsd'",
-    "qlsd*": "QLSD with control variates at the mode",
-    "lsd*": "QLSD* without compression",
-    "qlsd++": "QLSD with SVRG control variates and memory terms (Alg. 2)",
-    "lsd++": "QLSD++ without compression",
-    "fa-hmc": ("federated averaging of local SG-HMC (Liang et al. 2024): clock = \"leapfrog\" (Sec. 5) or "
-               "\"trajectory\" (Alg. 3); debiased = true for Alg. B.2"),
-    "fa-ld": "federated averaging Langevin dynamics (Deng et al. 2021): FA-HMC with one leapfrog step",
-    "dsgld": "distributed SGLD (Ahn et al. 2014): a chain visits one shard at a time for local_steps steps",
-    "cg-dsgld": "DSGLD with conducive gradients from Gaussian shard surrogates (El Mekkaoui et al. 2021); alias 'fsgld'",
-    "psgld": "preconditioned SGLD on the pooled data (Li et al. 2016, baseline); beta, lam",
-    "dg-sgld": "distributed Gibbs SGLD (Plassier et al. 2021, DG-LMC with minibatches); rho, num_local_steps",
-    "fedavg": "FedAvg (McMahan et al. 2017), an optimiser baseline: step_size is the learning rate; local_steps",
-}
-#: Settings of the baselines, and the common settings each of them takes.
-_BASELINE_KEYS = {
-    "psgld": ({"beta", "lam"}, set()),
-    "dg-sgld": ({"rho", "num_local_steps", "prior_step_size"}, {"participation"}),
-    "fedavg": ({"local_steps"}, {"compression", "participation"}),
-}
-_FA_KEYS = {"num_leapfrog", "local_steps", "correlation", "gradient_noise", "debiased", "clock", "momentum_sync"}
-_DSGLD_KEYS = {"local_steps", "record_every", "shard_probs"}
-_CG_KEYS = {"surrogate", "surrogate_covariance", "alpha", "surrogate_step_size", "surrogate_steps", "surrogate_burn_in"}
-_SURROGATES = ("taylor", "laplace", "sgld")
-_SECTIONS = {
-    "problem": {"name"}.union(*(problems.settings(name) for name in problems.PROBLEMS)),
-    "sampler": {"name", "step_size", "batch_size", "batch_fraction", "compression", "participation",
-                "refresh_every", "memory", "memory_rate", "memory_update"} | _FA_KEYS | _DSGLD_KEYS | _CG_KEYS
-               | {"beta", "lam", "rho", "num_local_steps", "prior_step_size"},
-    "run": {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"},
-}
+_RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"}
 #: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
 _OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact"}}
 
 
 class ConfigError(ValueError):
     """An invalid run configuration."""
+
+
+class _Run(NamedTuple):
+    """What the sampler arguments are made from: the problem and the sampler's name."""
+    name: str
+    data: Any
+    model: Any
+
+
+class _Argument(NamedTuple):
+    """A builder argument that is not the ``[sampler]`` key of its name: made by
+    ``make(section, run)`` from the section's ``keys`` (none: the run supplies it)."""
+    keys: tuple[str, ...]
+    make: Callable[[dict, _Run], Any]
+
+
+def _batch_size(s: dict, run: _Run):
+    if "batch_size" in s and "batch_fraction" in s:
+        raise ConfigError("give batch_size or batch_fraction, not both")
+    batch, fraction = s.get("batch_size"), s.get("batch_fraction")
+    if fraction is not None:
+        if isinstance(fraction, bool) or not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+            raise ConfigError(f"batch_fraction must lie in (0, 1] (got {fraction!r})")
+        batch = np.maximum((np.asarray(run.data.counts) * fraction).astype(int), 1)
+    if REGISTRY[run.name].pooled and batch is not None and np.size(batch) > 1:
+        batch = int(np.sum(batch))  # the pooled data's batch: the clients' batches together
+    return batch
+
+
+def _shard_probs(s: dict, run: _Run):
+    probs = s.get("shard_probs", "uniform")
+    if probs not in ("uniform", "size"):
+        raise ConfigError('shard_probs must be "uniform" (f_s = 1/S) or "size" (f_s = N_s / N)')
+    b = run.data.num_clients
+    return run.data.weights if probs == "size" else np.full(b, 1 / b)
+
+
+#: ``surrogate = KIND`` -> the fitter of :mod:`fedmcmc.estimators.surrogates`, from the section.
+_SURROGATES = {
+    "taylor": lambda s, cov: surrogates.taylor(cov),
+    "laplace": lambda s, cov: surrogates.laplace(cov),
+    "sgld": lambda s, cov: surrogates.sgld_moments(s["surrogate_step_size"], s.get("surrogate_steps", 5000),
+                                                   s.get("surrogate_burn_in", 1000), cov),
+}
+
+
+def _surrogate(s: dict, run: _Run):
+    kind = s.get("surrogate", "taylor")
+    if kind not in _SURROGATES:
+        raise ConfigError(f"unknown surrogate {kind!r}; choose one of {tuple(_SURROGATES)}")
+    if kind == "sgld" and "surrogate_step_size" not in s:
+        raise ConfigError('surrogate = "sgld" needs surrogate_step_size, the local Langevin step')
+    return _SURROGATES[kind](s, s.get("surrogate_covariance", "full"))
+
+
+#: The builder arguments a ``[sampler]`` key does not give as is (see the module docstring).
+_ARGUMENTS = {
+    "model": _Argument((), lambda s, run: run.model),
+    "weights": _Argument((), lambda s, run: run.data.weights),
+    "num_clients": _Argument((), lambda s, run: run.data.num_clients),
+    "mode": _Argument((), lambda s, run: gradients.find_mode(run.model, run.data)),
+    "name": _Argument((), lambda s, run: run.name),
+    "batch_size": _Argument(("batch_size", "batch_fraction"), _batch_size),
+    "compressor": _Argument(("compression",), lambda s, run: resolve_compressor(s.get("compression"))),
+    "participation": _Argument(("participation",), lambda s, run: resolve_participation(s.get("participation"))),
+    "probs": _Argument(("shard_probs",), _shard_probs),
+    "surrogate": _Argument(("surrogate", "surrogate_covariance", "surrogate_step_size", "surrogate_steps",
+                            "surrogate_burn_in"), _surrogate),
+}
+#: Builder arguments under another key: FedAvg's learning rate is the step size.
+_RENAMED = {"learning_rate": "step_size"}
+#: Builder arguments a config leaves at their defaults: an initial array, and CG-DSGLD's
+#: settings under the name "dsgld" (with a surrogate it is "cg-dsgld").
+_FIXED = {"psgld": {"v0"}, "dsgld": {"surrogate", "alpha", "likelihood_only"}}
+#: Keys a config must set although the builder has a default, and why.
+_MUST_SET = {"fa-hmc": {"clock": 'clock is what local_steps counts: "leapfrog" (T leapfrog steps per round, as '
+                                 'the paper runs it) or "trajectory" (T trajectories of num_leapfrog steps per '
+                                 'round, Algorithm 3 as printed, and what local_steps meant before the clock '
+                                 'existed)'}}
+
+
+def _parameters(name: str) -> dict[str, inspect.Parameter]:
+    """The builder's parameters that a config sets, under their builder names."""
+    fixed = _FIXED.get(name, set())
+    return {p: v for p, v in inspect.signature(REGISTRY[name].build).parameters.items() if p not in fixed}
+
+
+def sampler_keys(name: str) -> dict[str, bool]:
+    """The keys a ``[sampler]`` section of this registered sampler may set (besides ``name``),
+    each with whether it must be set."""
+    keys = {}
+    for param, p in _parameters(name).items():
+        if param in _ARGUMENTS:
+            keys.update(dict.fromkeys(_ARGUMENTS[param].keys, False))
+        else:
+            keys[_RENAMED.get(param, param)] = p.default is inspect.Parameter.empty
+    return {**keys, **dict.fromkeys(_MUST_SET.get(name, ()), True)}
+
+
+def sampler_name(cfg: dict) -> str:
+    """The registered name of the config's sampler (aliases resolved)."""
+    given = cfg["sampler"].get("name")
+    name = str(given).lower()
+    name = ALIASES.get(name, name)
+    if name not in REGISTRY:
+        raise ConfigError(f"unknown sampler {given!r}; available: {', '.join(REGISTRY)} (aliases: "
+                          f"{', '.join(ALIASES)})")
+    return name
 
 
 def load(path: str | Path) -> dict:
@@ -102,20 +178,23 @@ def load(path: str | Path) -> dict:
     return cfg
 
 
+def _unknown(section: str, given, allowed) -> None:
+    unknown = set(given) - set(allowed)
+    if unknown:
+        raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{section}]; allowed: {sorted(allowed)}")
+
+
 def validate(cfg: dict) -> None:
-    for section, keys in _SECTIONS.items():
+    """Check a parsed config's sections and keys (values are checked as the run is built)."""
+    for section in ("problem", "sampler", "run"):
         if section not in cfg:
             raise ConfigError(f"config needs a [{section}] section")
-        unknown = set(cfg[section]) - keys
-        if unknown:
-            raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{section}]; allowed: {sorted(keys)}")
-    for section, keys in _OPTIONAL.items():
-        unknown = set(cfg.get(section, {})) - keys
-        if unknown:
-            raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{section}]; allowed: {sorted(keys)}")
-    extra = set(cfg) - set(_SECTIONS) - set(_OPTIONAL)
+    extra = set(cfg) - {"problem", "sampler", "run"} - set(_OPTIONAL)
     if extra:
-        raise ConfigError(f"unknown section(s) {sorted(extra)}; allowed: {sorted(_SECTIONS) + sorted(_OPTIONAL)}")
+        raise ConfigError(f"unknown section(s) {sorted(extra)}; allowed: {['problem', 'run', 'sampler', *_OPTIONAL]}")
+    _unknown("run", cfg["run"], _RUN)
+    for section, keys in _OPTIONAL.items():
+        _unknown(section, cfg.get(section, {}), keys)
     name = cfg["problem"].get("name")
     if name not in problems.PROBLEMS:
         raise ConfigError(f"unknown problem {name!r}; available: {', '.join(problems.PROBLEMS)}")
@@ -123,70 +202,31 @@ def validate(cfg: dict) -> None:
     if unknown:
         raise ConfigError(f"unknown key(s) {sorted(unknown)} for problem {name!r}; allowed: "
                           f"{sorted({'name', *problems.settings(name)})}")
-    sampler = str(cfg["sampler"].get("name", "")).lower()
-    if sampler not in SAMPLERS and sampler not in ("qlsd", "fsgld"):
-        raise ConfigError(f"unknown sampler {cfg['sampler'].get('name')!r}; available: {', '.join(SAMPLERS)}")
-    sampler = "cg-dsgld" if sampler == "fsgld" else sampler
-    baseline_keys = set().union(*(own for own, _ in _BASELINE_KEYS.values()))
-    if sampler in _BASELINE_KEYS:
-        own, common = _BASELINE_KEYS[sampler]
-        allowed = {"name", "step_size", "batch_size", "batch_fraction"} | own | common
-        extra = set(cfg["sampler"]) - allowed
-        if extra:
-            raise ConfigError(f"{sampler} does not take {sorted(extra)}; it takes {sorted(allowed - {'name'})}")
-        if sampler == "dg-sgld" and "rho" not in cfg["sampler"]:
-            raise ConfigError("[sampler] dg-sgld needs rho, the tolerance of the auxiliary variables")
-    elif set(cfg["sampler"]) & (baseline_keys - {"local_steps"}):
-        raise ConfigError(f"{sorted(set(cfg['sampler']) & (baseline_keys - {'local_steps'}))} are settings of "
-                          f"pSGLD / DG-SGLD; {sampler} does not take them")
-    fa_keys = set(cfg["sampler"]) & _FA_KEYS
-    ds_keys = set(cfg["sampler"]) & (_DSGLD_KEYS | _CG_KEYS)
-    if sampler in _BASELINE_KEYS:
-        pass
-    elif sampler in ("dsgld", "cg-dsgld"):
-        if "local_steps" not in ds_keys:
-            raise ConfigError(f"[sampler] {sampler} needs local_steps, the local steps per visit to a shard")
-        extra = (fa_keys - {"local_steps"}) | (set(cfg["sampler"]) & {"compression", "participation", "refresh_every",
-                                                                      "memory", "memory_rate", "memory_update"})
-        if sampler == "dsgld":
-            extra |= ds_keys & _CG_KEYS
-        if extra:
-            raise ConfigError(f"{sampler} does not take {sorted(extra)} (its participation is the shard schedule, "
-                              "shard_probs)")
-        surrogate = cfg["sampler"].get("surrogate", "taylor")
-        if surrogate not in _SURROGATES:
-            raise ConfigError(f"unknown surrogate {surrogate!r}; choose one of {_SURROGATES}")
-        if surrogate == "sgld" and "surrogate_step_size" not in ds_keys:
-            raise ConfigError("surrogate = \"sgld\" needs surrogate_step_size, the local Langevin step")
-        if cfg["sampler"].get("shard_probs", "uniform") not in ("uniform", "size"):
-            raise ConfigError("shard_probs must be \"uniform\" (f_s = 1/S) or \"size\" (f_s = N_s / N)")
-    elif ds_keys - {"local_steps"}:
-        raise ConfigError(f"{sorted(ds_keys - {'local_steps'})} are DSGLD settings; {sampler} does not take them")
-    if sampler in _BASELINE_KEYS:
-        pass
-    elif sampler in ("fa-hmc", "fa-ld"):
-        needed = {"local_steps"} | ({"num_leapfrog"} if sampler == "fa-hmc" else set())
-        if needed - fa_keys:
-            raise ConfigError(f"[sampler] {sampler} needs {', '.join(sorted(needed - fa_keys))}")
-        if sampler == "fa-ld" and "num_leapfrog" in fa_keys:
-            raise ConfigError("fa-ld takes one leapfrog step by definition; drop num_leapfrog or use fa-hmc")
-        if sampler == "fa-hmc" and "clock" not in fa_keys:
-            raise ConfigError('[sampler] fa-hmc needs clock, what local_steps counts: "leapfrog" (T leapfrog steps '
-                              'per round, as the paper runs it) or "trajectory" (T trajectories of num_leapfrog '
-                              'steps per round, Algorithm 3 as printed, and what local_steps meant before the '
-                              'clock existed)')
-    elif fa_keys - {"local_steps"} or (fa_keys and sampler not in ("dsgld", "cg-dsgld")):
-        raise ConfigError(f"{sorted(fa_keys)} are FA-HMC settings; {sampler} does not take them")
-    if "step_size" not in cfg["sampler"]:
-        raise ConfigError("[sampler] needs step_size")
-    if "batch_size" in cfg["sampler"] and "batch_fraction" in cfg["sampler"]:
-        raise ConfigError("give batch_size or batch_fraction, not both")
-    fraction = cfg["sampler"].get("batch_fraction")
-    if fraction is not None and not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
-        raise ConfigError(f"batch_fraction must lie in (0, 1] (got {fraction!r})")
+    _validate_sampler(cfg)
     for key in ("num_chains", "num_iterations"):
         if key not in cfg["run"]:
             raise ConfigError(f"[run] needs {key}")
+
+
+def _validate_sampler(cfg: dict) -> None:
+    name, section = sampler_name(cfg), cfg["sampler"]
+    keys = sampler_keys(name)
+    extra = sorted(set(section) - {"name"} - set(keys))
+    if extra:
+        owners = [other for other in REGISTRY if set(extra) <= set(sampler_keys(other))]
+        owners = owners or [other for other in REGISTRY if set(extra) & set(sampler_keys(other))]
+        whose = f" (settings of {', '.join(owners)})" if owners else ""
+        raise ConfigError(f"{name} does not take {extra}{whose}; drop them or choose a sampler that takes them; "
+                          f"{name} takes {sorted(keys)}")
+    missing = sorted(key for key, required in keys.items() if required and key not in section)
+    if missing:
+        why = [_MUST_SET.get(name, {}).get(key) for key in missing]
+        raise ConfigError(f"[sampler] {name} needs {', '.join(missing)}"
+                          + "".join(f"; {text}" for text in why if text))
+    for param, p in _parameters(name).items():
+        key = _RENAMED.get(param, param)
+        if isinstance(p.default, bool) and key in section and not isinstance(section[key], bool):
+            raise ConfigError(f"[sampler] {key} must be true or false (got {section[key]!r})")
 
 
 def from_text(text: str) -> tuple[dict, dict[str, Any]]:
@@ -197,8 +237,7 @@ def from_text(text: str) -> tuple[dict, dict[str, Any]]:
     return cfg, build(cfg)
 
 
-def build(cfg: dict) -> dict[str, Any]:
-    """Turn a validated config into data, model, sampler and run settings."""
+def _problem(cfg: dict) -> problems.Problem:
     p = dict(cfg["problem"])
     problem = p.pop("name")
     for key, value in p.items():
@@ -206,78 +245,25 @@ def build(cfg: dict) -> dict[str, Any]:
             raise ConfigError(f"[problem] {key} must be a non-negative number (got {value!r})")
     if p.get("min_size", 10) >= p.get("max_size", 200) or p.get("num_clients", 20) < 1 or p.get("dim", 50) < 1:
         raise ConfigError("[problem] needs num_clients >= 1, dim >= 1 and min_size < max_size")
-    data, model, exact = problems.PROBLEMS[problem](**p)
-
-    s = dict(cfg["sampler"])
-    name = s.pop("name").lower()
-    name = {"qlsd": "qlsd#", "fsgld": "cg-dsgld"}.get(name, name)
-    step = s.pop("step_size")
-    fraction = s.pop("batch_fraction", None)
-    batch = s.pop("batch_size", None)
-    if fraction is not None:
-        batch = np.maximum((np.asarray(data.counts) * fraction).astype(int), 1)
-    compressor = resolve_compressor(s.pop("compression", None))
-    part = resolve_participation(s.pop("participation", None))
-    refresh = s.pop("refresh_every", 100)
-    memory = s.pop("memory", True)
-    memory_rate = s.pop("memory_rate", None)
-    memory_update = s.pop("memory_update", "algorithm")
-    extra = {key: s.pop(key) for key in {"beta", "lam", "rho", "num_local_steps", "prior_step_size"} & set(s)}
-    if name == "fedavg":
-        extra["local_steps"] = s.pop("local_steps", 1)
-    fa = {key: s.pop(key) for key in _FA_KEYS & set(s)}
-    ds = {key: s.pop(key) for key in (_DSGLD_KEYS | _CG_KEYS) & set(s)}
-    if not isinstance(fa.get("debiased", False), bool):
-        raise ConfigError(f"[sampler] debiased must be true or false (got {fa['debiased']!r})")
-    mode = None
-    if name in ("qlsd*", "lsd*"):
-        mode = gradients.find_mode(model, data)
-    if name == "sgld":
-        if batch is not None and np.size(batch) > 1:
-            batch = int(np.sum(batch))
-        sampler, data = sgld(model, step, batch), data.pooled()
-    elif name == "qlsd#":
-        sampler = qlsd_sharp(model, step, batch, compressor, part)
-    elif name == "qlsd*":
-        sampler = qlsd_star(model, step, mode, batch, compressor, part)
-    elif name == "lsd*":
-        sampler = lsd_star(model, step, mode, batch, part)
-    elif name in ("fa-hmc", "fa-ld"):
-        fa.setdefault("num_leapfrog", 1)
-        sampler = fa_hmc(model, data.weights, step, fa.pop("num_leapfrog"), fa.pop("local_steps"),
-                         batch_size=batch, compressor=compressor, participation=part, name=name, **fa)
-    elif name in ("dsgld", "cg-dsgld"):
-        probs = data.weights if ds.pop("shard_probs", "uniform") == "size" else np.full(data.num_clients, 1 / data.num_clients)
-        local = fa.pop("local_steps")
-        common = dict(batch_size=batch, record_every=ds.pop("record_every", None), name=name)
-        if name == "dsgld":
-            sampler = dsgld(model, probs, step, local, **common)
-        else:
-            sampler = cg_dsgld(model, probs, step, local, surrogate=_surrogate(ds), alpha=ds.pop("alpha", 1.0), **common)
-    elif name == "psgld":
-        if batch is not None and np.size(batch) > 1:
-            batch = int(np.sum(batch))
-        sampler, data = psgld(model, step, batch, **extra), data.pooled()
-    elif name == "dg-sgld":
-        sampler = dg_sgld(model, extra.pop("rho"), step, batch_size=batch, num_clients=data.num_clients,
-                          participation=part, **extra)
-    elif name == "fedavg":
-        sampler = fedavg(model, data.weights, step, extra["local_steps"], batch, compressor, part)
-    elif name == "qlsd++":
-        sampler = qlsd_pp(model, step, batch, compressor, part, refresh, memory, memory_rate, memory_update)
-    else:
-        sampler = lsd_pp(model, step, batch, part, refresh, memory_rate, memory_update)
-    return {"data": data, "model": model, "exact": exact, "sampler": sampler, "mode": mode}
+    return problems.PROBLEMS[problem](**p)
 
 
-def _surrogate(ds: dict):
-    kind, covariance = ds.get("surrogate", "taylor"), ds.get("surrogate_covariance", "full")
-    if kind == "taylor":
-        return surrogates.taylor(covariance)
-    if kind == "laplace":
-        return surrogates.laplace(covariance)
-    return surrogates.sgld_moments(ds["surrogate_step_size"], ds.get("surrogate_steps", 5000),
-                                   ds.get("surrogate_burn_in", 1000), covariance)
+def build(cfg: dict) -> dict[str, Any]:
+    """Turn a validated config into data, model, sampler and run settings: the registered
+    builder called with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS`."""
+    data, model, exact = _problem(cfg)
+    name, section = sampler_name(cfg), cfg["sampler"]
+    run = _Run(name, data, model)
+    params = _parameters(name)
+    # what the section gives first, so that a bad value fails before the run's own work (the mode)
+    made = sorted((param for param in params if param in _ARGUMENTS), key=lambda param: not _ARGUMENTS[param].keys)
+    args = {param: _ARGUMENTS[param].make(section, run) for param in made}
+    args.update({param: section[_RENAMED.get(param, param)] for param in params
+                 if param not in _ARGUMENTS and _RENAMED.get(param, param) in section})
+    entry = REGISTRY[name]
+    sampler = entry.build(**args)
+    return {"data": data.pooled() if entry.pooled else data, "model": model, "exact": exact, "sampler": sampler,
+            "mode": args.get("mode")}
 
 
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
