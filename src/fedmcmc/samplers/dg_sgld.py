@@ -123,6 +123,47 @@ def quadratic_prior(model: Model, seed: int = 0) -> QuadraticPrior | None:
     return None
 
 
+def exact_theta(model: Model, total_inv_rho: float):
+    """The server's exact draw of ``theta`` given ``z`` (Gaussian or flat prior ``N(shift / P, P^-1)``
+    in natural form): ``theta ~ N(Sigma (shift + sum_i z_i / rho_i), Sigma)`` with
+    ``Sigma = (P + sum_i 1 / rho_i I)^-1``. Returns ``draw(theta, pull, noise)``."""
+    prior = quadratic_prior(model)
+    if prior is None:
+        raise ValueError(f"the prior of model {model.name!r} is not Gaussian or flat, so theta cannot be "
+                         "drawn exactly given z: give prior_step_size for a Langevin step on theta")
+    if prior.precision.ndim == 1:
+        cond_cov = 1.0 / (prior.precision + total_inv_rho)
+        cond_scale = np.sqrt(cond_cov)
+    else:
+        cond_cov = np.linalg.inv(prior.precision + total_inv_rho * np.eye(model.dim))
+        cond_cov = 0.5 * (cond_cov + cond_cov.T)
+        cond_scale = np.linalg.cholesky(cond_cov)
+    cov, scale = jnp.asarray(cond_cov, jnp.float32), jnp.asarray(cond_scale, jnp.float32)
+    shift = jnp.asarray(prior.shift, jnp.float32)
+    if prior.precision.ndim == 1:
+        return lambda theta, pull, noise: cov * (shift + pull) + scale * noise
+    return lambda theta, pull, noise: cov @ (shift + pull) + scale @ noise
+
+
+def langevin_theta(model: Model, total_inv_rho: float, prior_step_size: float):
+    """One Langevin step of size ``h`` on ``theta`` given ``z`` (any prior):
+    ``theta' = theta - h (sum_i (theta - z_i) / rho_i - grad log pi_0(theta)) + sqrt(2 h) xi``.
+    Returns ``draw(theta, pull, noise)``. The noise scale is computed in float64, as since the
+    first version (:func:`~fedmcmc.samplers.integrators.langevin_step`'s float32 square root
+    differs in the last bit for some ``h``)."""
+    h = checks.positive("prior_step_size", prior_step_size)
+    if h * total_inv_rho >= 2.0:
+        raise ValueError(f"prior_step_size h = {h:g} is unstable: h * sum_i 1 / rho_i = {h * total_inv_rho:g} "
+                         "must be < 2 (and well below 1 for accuracy)")
+    noise_scale = np.float32(np.sqrt(2.0 * h))
+
+    def draw(theta, pull, noise):
+        drift = total_inv_rho * theta - pull - jax.grad(model.log_prior)(theta)
+        return theta - h * drift + noise_scale * noise
+
+    return draw
+
+
 def dg_sgld(model: Model, rho, step_size, num_local_steps=1, batch_size=None, num_clients: int | None = None,
             participation: Participation | None = None, prior_step_size: float | None = None,
             name: str = "dg-sgld") -> FederatedSampler:
@@ -166,28 +207,8 @@ def dg_sgld(model: Model, rho, step_size, num_local_steps=1, batch_size=None, nu
     inv_rho_np = 1.0 / np.broadcast_to(rho_np, (b,))
     total_inv_rho = float(inv_rho_np.sum())
 
-    if prior_step_size is None:
-        prior = quadratic_prior(model)
-        if prior is None:
-            raise ValueError(f"the prior of model {model.name!r} is not Gaussian or flat, so theta cannot be "
-                             "drawn exactly given z: give prior_step_size for a Langevin step on theta")
-        if prior.precision.ndim == 1:
-            q = prior.precision + total_inv_rho
-            cond_cov = 1.0 / q
-            cond_scale = np.sqrt(cond_cov)
-        else:
-            cond_cov = np.linalg.inv(prior.precision + total_inv_rho * np.eye(model.dim))
-            cond_cov = 0.5 * (cond_cov + cond_cov.T)
-            cond_scale = np.linalg.cholesky(cond_cov)
-        cond_cov32 = jnp.asarray(cond_cov, jnp.float32)
-        cond_scale32 = jnp.asarray(cond_scale, jnp.float32)
-        shift32 = jnp.asarray(prior.shift, jnp.float32)
-        diagonal = prior.precision.ndim == 1
-    else:
-        h = checks.positive("prior_step_size", prior_step_size)
-        if h * total_inv_rho >= 2.0:
-            raise ValueError(f"prior_step_size h = {h:g} is unstable: h * sum_i 1 / rho_i = {h * total_inv_rho:g} "
-                             "must be < 2 (and well below 1 for accuracy)")
+    draw_theta = (exact_theta(model, total_inv_rho) if prior_step_size is None
+                  else langevin_theta(model, total_inv_rho, prior_step_size))
 
     inv_rho = jnp.asarray(inv_rho_np, jnp.float32)
     gamma_all = jnp.asarray(np.broadcast_to(gamma_np, (b,)), jnp.float32)
@@ -222,17 +243,7 @@ def dg_sgld(model: Model, rho, step_size, num_local_steps=1, batch_size=None, nu
         z_all = jnp.where(mask[:, None], uploads, server_state.z)
         pull = jnp.tensordot(inv_rho, z_all, axes=1)  # sum_i z_i / rho_i
         theta = server_state.position
-        noise = jax.random.normal(key, theta.shape, theta.dtype)
-        if prior_step_size is None:
-            if diagonal:
-                position = cond_cov32 * (shift32 + pull) + cond_scale32 * noise
-            else:
-                position = cond_cov32 @ (shift32 + pull) + cond_scale32 @ noise
-        else:
-            # langevin_step's form, with the noise scale computed in float64 (as since the first
-            # version: integrators.langevin_step's float32 sqrt differs in the last bit for some h)
-            drift = total_inv_rho * theta - pull - jax.grad(model.log_prior)(theta)
-            position = theta - h * drift + np.float32(np.sqrt(2.0 * h)) * noise
+        position = draw_theta(theta, pull, jax.random.normal(key, theta.shape, theta.dtype))
         new = participation_lib.hold_if_empty(participation, mask, DGState(position, z_all), server_state)
         step = jnp.asarray(0.0 if prior_step_size is None else prior_step_size, jnp.float32)
         return new, Broadcast(new.position), ServerInfo(step_size=step, broadcast_bits=float_bits(new.position))
