@@ -149,8 +149,9 @@ def fa_hmc_law(curvatures, centres, weights, step_size: float, num_leapfrog: int
         The deterministic start.
     rounds
         Return the law after rounds ``0..rounds``; if None, the stationary law: arrays of
-        ``P`` entries (:func:`fedmcmc.samplers.trajectories.round_period`), entry ``i`` the law after ``r`` rounds with
-        ``r = i (mod P)`` (one entry when ``K`` divides the steps per round).
+        ``P`` entries (:func:`fedmcmc.samplers.trajectories.round_period`), entry ``i`` the
+        law after ``r`` rounds with ``r = i (mod P)`` (one entry when ``K`` divides the steps
+        per round).
 
     Other parameters as :func:`fedmcmc.samplers.fa_hmc`.
     """

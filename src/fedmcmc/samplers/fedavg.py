@@ -66,6 +66,7 @@ from fedmcmc.samplers.common import ClientInfo, ServerInfo, float_bits
 
 def mcmahan(participation: Participation, mask, weights):
     """McMahan et al.'s average of the active clients: ``a_c w_c = w_c / sum_{j in A} w_j`` (0 if none)."""
+    del participation  # the average does not depend on the scheme
     m = mask.astype(jnp.float32)
     active_weight = jnp.sum(m * weights)
     return m * weights / jnp.maximum(active_weight, 1e-30)
