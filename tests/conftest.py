@@ -1,8 +1,20 @@
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(__file__))
+
+# One XLA compilation cache for the whole test session, shared by the xdist workers and every
+# process the tests start (CLI runs, worker pools, Flower nodes): many tests compile the same
+# sampler on the same problem in different processes. It starts empty in every session (a fresh
+# folder, removed at the end), so a run measures the same work each time; a cached executable is
+# the compiled one, bit for bit (the golden-draws test checks samples through it).
+if "PYTEST_XDIST_WORKER" not in os.environ and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=tempfile.mkdtemp(prefix="fedmcmc-tests-xla-"),
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+                      FEDMCMC_TESTS_OWN_XLA_CACHE="1")
 
 # Longest files first (measured with --durations=0), in this order: `make test` spreads files over
 # several workers, and these would otherwise start last and run alone at the end. The deployment
@@ -14,3 +26,8 @@ SLOWEST_FIRST = ("test_flower_deploy.py", "test_no_hang.py", "test_fa_hmc.py", "
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: SLOWEST_FIRST.index(item.path.name) if item.path.name in SLOWEST_FIRST
                else len(SLOWEST_FIRST))
+
+
+def pytest_unconfigure(config):
+    if os.environ.get("FEDMCMC_TESTS_OWN_XLA_CACHE") and "PYTEST_XDIST_WORKER" not in os.environ:
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

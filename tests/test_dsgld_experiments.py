@@ -29,7 +29,7 @@ def test_cgdsgld_linear_regression(tmp_path):
     r = reproduce(tmp_path, "cgdsgld-linear-regression", "datasets=diabetes", "num_seeds=2", "iterations=4000",
                   "burn_in=1000", "surrogate_steps=500", "surrogate_burn_in=100")
     d = r["datasets"]["diabetes"]
-    assert [s["num_train"] for s in d["splits"]] == [354, 354] and d["splits"][0]["num_features"] == 10
+    assert [s["num_train"] for s in d["splits"]] == [354, 354] and d["splits"][0]["input_shape"] == [11]
     exact = d["exact_posterior_test_mse"]["mean"]
     assert 1000 < exact < 10000  # the diabetes target's variance is about 6,000
     methods = d["local_updates"]["200"]

@@ -16,7 +16,7 @@ from fedmcmc.evaluation.laws import fa_hmc_law
 from fedmcmc.models import gaussian_factors, logistic_regression
 from fedmcmc.samplers import fa_hmc, fa_ld
 from fedmcmc.samplers.fa_hmc import FAUpload
-from fedmcmc.samplers.leapfrog import leapfrog
+from fedmcmc.samplers.integrators import leapfrog
 from fedmcmc.samplers.trajectories import round_period, round_trajectories
 
 # Three clients with unequal weights and heterogeneous local posteriors (curvature, centre):

@@ -4,10 +4,11 @@ the sampled law of theta follows the exact law of the leapfrog clock."""
 import numpy as np
 
 from fedmcmc.app.studies import fahmc_dimension as E
+from fedmcmc.app.studies.runner import run_study
 
 
 def test_fahmc_dimension_sampled_rounds_follow_the_exact_law(tmp_path):
-    r = E.run(tmp_path, quick=True, progress=False,
+    r = run_study(E, tmp_path, quick=True, progress=False,
               settings=dict(dims=[1, 16], sample_dims=[1], num_chains=400, max_rounds=5000))
     v = r["dims"]["1"]
     # the population mean and variance after the last round, from 400 runs, against the exact law (5 s.e.)

@@ -35,6 +35,7 @@ def stand_in_reference(cfg, model, data):
 
 def test_fahmc_vs_fald(tmp_path, monkeypatch):
     from fedmcmc.app.studies import fahmc_vs_fald, fahmc_vs_fald_d10
+    from fedmcmc.app.studies.runner import run_study
 
     monkeypatch.setattr(fahmc_vs_fald, "logistic_reference", stand_in_reference)
     # the paper's K = floor(pi / (3 eta)) below eta = 0.01 (K = 104 at 0.01, spanning rounds of T = 10), tuned above
@@ -43,9 +44,10 @@ def test_fahmc_vs_fald(tmp_path, monkeypatch):
     # Fig. 1(d) is the same study at d = 10 with noisy gradients only
     d10 = fahmc_vs_fald_d10.FULL
     assert d10["dim"] == 10 and d10["gradients"] == ["noisy"] and fahmc_vs_fald.FULL["dim"] == 1000
-    cfg = dict(fahmc_vs_fald.FULL, **TINY, gradients=["noisy"], step_sizes=[0.2], tuned_k=[], rounds=30, burn_in=10,
-               num_chains=4, chain_groups=2)
-    r = fahmc_vs_fald.compare(cfg, tmp_path / "out", quick=True, progress=False, resume=False, name="tiny")
+    assert fahmc_vs_fald_d10.science is fahmc_vs_fald.science
+    tiny = dict(TINY, gradients=["noisy"], step_sizes=[0.2], tuned_k=[], rounds=30, burn_in=10, num_chains=4,
+                chain_groups=2)
+    r = run_study(fahmc_vs_fald, tmp_path / "out", progress=False, settings=tiny)
     runs = {(x["method"], x["num_leapfrog"]) for x in r["runs"]}
     assert runs == {("FA-LD", 1), ("FA-HMC", 5)} and r["settings"]["clock"] == "leapfrog"
     for x in r["runs"]:
@@ -60,6 +62,7 @@ def test_fahmc_vs_fald(tmp_path, monkeypatch):
 
 def test_fahmc_local_steps(tmp_path, monkeypatch):
     from fedmcmc.app.studies import fahmc_local_steps, fahmc_vs_fald
+    from fedmcmc.app.studies.runner import run_study
 
     # one cached NUTS reference (keyed by data and settings) serves both d = 1000 studies
     assert all(fahmc_local_steps.FULL[k] == fahmc_vs_fald.FULL[k] for k in fahmc_local_steps._PROBLEM)
@@ -70,7 +73,7 @@ def test_fahmc_local_steps(tmp_path, monkeypatch):
     # every T gets the same leapfrog budget (40 steps here), within [min_rounds, max_rounds]
     assert [fahmc_local_steps.rounds_for(t, dict(settings, sample_every=1)) for t in (1, 4, 70)] == [30, 10, 1]
     assert fahmc_local_steps.rounds_for(70, dict(settings, sample_every=1, min_rounds=5)) == 5
-    r = fahmc_local_steps.run(tmp_path / "out", quick=True, progress=False, settings=settings)
+    r = run_study(fahmc_local_steps, tmp_path / "out", quick=True, progress=False, settings=settings)
     v = r["local_steps"]["4"]
     reach = [v["rounds_to_reach"][str(e)] for e in settings["eps"]]
     assert reach == sorted(reach) and np.isfinite(reach[0])  # a smaller eps is never reached earlier

@@ -6,10 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedmcmc.evaluation import predictive
-from fedmcmc.data import datasets as D
+from fedmcmc import evaluation
+from fedmcmc.data import Split, builtin, pca_project
 from fedmcmc.app.studies import fahmc_logistic as E
 from fedmcmc.app.studies import get
+from fedmcmc.app.studies.runner import run_study
 
 TINY = dict(train_subset=3000, test_subset=1000, pca_components=20, batch_size=50, step_sizes=[3e-3],
             num_runs=2, leapfrog_sweep=[1, 10], sweep_local_steps=5, local_steps_sweep=[5],
@@ -17,8 +18,8 @@ TINY = dict(train_subset=3000, test_subset=1000, pca_components=20, batch_size=5
 
 
 def _fashion_or_skip():
-    folder = Path(D.FASHION_MNIST_DIR)
-    if not all(any((folder / (f + ext)).is_file() for ext in (".gz", "")) for f in D.FASHION_MNIST_FILES):
+    folder = Path(builtin.FASHION_MNIST_DIR)
+    if not all(any((folder / (f + ext)).is_file() for ext in (".gz", "")) for f in builtin.FASHION_MNIST_FILES):
         pytest.skip(f"Fashion-MNIST IDX files absent from {folder}: "
                     "sudo apt-get install dataset-fashion-mnist (or make fashion-mnist)")
 
@@ -27,7 +28,7 @@ def _fashion_or_skip():
 def tiny(tmp_path_factory):
     _fashion_or_skip()
     out = tmp_path_factory.mktemp("fahmc-logistic")
-    return out, E.run(out, quick=True, progress=False, settings=TINY)
+    return out, run_study(E, out, quick=True, progress=False, settings=TINY)
 
 
 def test_registered():
@@ -67,8 +68,8 @@ def test_metrics_are_of_the_bma_of_all_draws_so_far():
     b = np.array([[0.45, 0.55], [0.9, 0.1], [0.55, 0.45], [0.2, 0.8]])
     c = E.bma_curves(np.stack([a, b, b])[None], y, ece_bins=5)  # rounds {1}, {1, 2}, {1, 2, 3}
     assert c["accuracy"].tolist() == [[0.5, 1.0, 1.0]]  # the last half (rounds 2, 3) would give 0.5
-    assert c["nll"][0, 1] == pytest.approx(predictive.nll((a + b) / 2, y))
-    assert c["brier"][0, 1] == pytest.approx(predictive.brier((a + b) / 2, y))
+    assert c["nll"][0, 1] == pytest.approx(evaluation.nll((a + b) / 2, y))
+    assert c["brier"][0, 1] == pytest.approx(evaluation.brier((a + b) / 2, y))
     half = E.bma_curves(np.stack([a, a, b, b])[None], y, ece_bins=5, burn_in=0.5)  # round 4 averages rounds 3, 4
     assert half["accuracy"][0, 2] == 1.0 and half["accuracy"][0, 3] == 0.5
     runs = E.bma_curves(np.stack([np.stack([a, b]), np.stack([b, b])]), y, ece_bins=5)  # runs are not pooled
@@ -89,21 +90,21 @@ def test_top_k_minibatches_are_uniform_subsets():
 
 
 def test_missing_fashion_mnist_fails_with_the_loaders_message(tmp_path, monkeypatch):
-    monkeypatch.setattr(D, "FASHION_MNIST_DIR", str(tmp_path))
+    monkeypatch.setattr(builtin, "FASHION_MNIST_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
-        E.run(tmp_path / "out", quick=True, progress=False, settings=TINY)
+        run_study(E, tmp_path / "out", quick=True, progress=False, settings=TINY)
 
 
 def test_pca_project_keeps_the_top_principal_variances():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 6)) * np.array([5.0, 3.0, 2.0, 1.0, 0.5, 0.1]) + 7.0
-    split = D.ClassificationSplit(x.astype(np.float32), np.zeros(400, np.int32), x[:50].astype(np.float32),
-                                  np.zeros(50, np.int32), 2, "none", 0.0, 1.0, "toy", "toy", "toy")
-    p = D.pca_project(split, 3)
+    split = Split(x.astype(np.float32), np.zeros(400, np.int32), x[:50].astype(np.float32),
+                  np.zeros(50, np.int32), 2, "none", 0.0, 1.0, "toy", "toy", "toy")
+    p = pca_project(split, 3)
     assert p.x_train.shape == (400, 3) and p.x_test.shape == (50, 3) and p.name == "toy-pca3"
     np.testing.assert_allclose(p.x_train.mean(axis=0), 0, atol=1e-4)
     top = np.sort(np.linalg.eigvalsh(np.cov(x.T, bias=True)))[::-1][:3]
     np.testing.assert_allclose(p.x_train.var(axis=0), top, rtol=1e-4)
     np.testing.assert_allclose(p.x_test, p.x_train[:50], atol=1e-4)  # same mean and axes
     with pytest.raises(ValueError, match="num_components"):
-        D.pca_project(split, 7)
+        pca_project(split, 7)

@@ -2,12 +2,13 @@
 
 from fedmcmc.app.studies import fahmc_mlp as E
 from fedmcmc.app.studies import get
+from fedmcmc.app.studies.runner import run_study
 from test_fahmc_logistic_experiment import _fashion_or_skip
 
 
 def test_fahmc_mlp_tiny_run(tmp_path):
     _fashion_or_skip()
-    r = E.run(tmp_path, quick=True, progress=False,
+    r = run_study(E, tmp_path, quick=True, progress=False,
               settings=dict(train_subset=1000, test_subset=300, pca_components=10, batch_size=20, hidden=[8, 8],
                             step_sizes=[3e-2], leapfrog_sweep=[4], sweep_local_steps=4, local_steps_sweep=[4],
                             sweep_leapfrog=4, rounds=3))

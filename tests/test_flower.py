@@ -152,8 +152,8 @@ def test_faults_failed_and_malformed_clients_are_inactive_and_never_applied(tmp_
     for i, client in transport.clients.items():
         pending = unpack(transport.stores[i]["pending"], client.cs_like)
         committed = unpack(transport.stores[i]["committed"], client.cs_like)
-        memories.append(np.where(accepted[:, i, None], np.asarray(pending.memory)[:, 0],
-                                 np.asarray(committed.memory)[:, 0]))
+        memories.append(np.where(accepted[:, i, None], np.asarray(pending.compressor.memory)[:, 0],
+                                 np.asarray(committed.compressor.memory)[:, 0]))
     np.testing.assert_allclose(np.sum(memories, axis=0), server_memory, rtol=1e-5, atol=1e-5)
 
 

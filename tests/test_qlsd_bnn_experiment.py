@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fedmcmc.app.studies import get, qlsd_bnn_heterogeneous as study
+from fedmcmc.app.studies.runner import run_study
 
 # 7x7 images, an MLP 49-8-10, 256 iterations, four methods (a pooled baseline, QLSD with partial
 # participation, QLSD++, FSGLD from the warm start): the study in seconds, compilation being most of it.
@@ -17,7 +18,7 @@ TINY = dict(model="mlp", image_size=7, hidden=[8], iterations=256, burn_in=128, 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("qlsd-bnn")
-    return out, study.run(out, quick=True, progress=False, settings=TINY)
+    return out, run_study(study, out, quick=True, progress=False, settings=TINY)
 
 
 def test_every_method_reports_finite_calibration_metrics(tiny):
@@ -82,5 +83,5 @@ def test_downsample_averages_blocks():
 ])
 def test_bad_settings_are_named(tmp_path, settings, fragment):
     with pytest.raises(ValueError) as err:
-        study.run(tmp_path, quick=True, progress=False, settings={**TINY, **settings})
+        run_study(study, tmp_path, quick=True, progress=False, settings={**TINY, **settings})
     assert fragment in str(err.value) and "\n" not in str(err.value)

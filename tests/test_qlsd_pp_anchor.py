@@ -29,20 +29,21 @@ def test_a_stale_client_refreshes_at_the_broadcast_anchor_and_a_fresh_one_keeps_
     keys = jax.random.split(jax.random.PRNGKey(0), DATA.num_clients)
     states = jax.jit(jax.vmap(sampler.client_init, (0, None, 0)))(keys, QLSDPPBroadcast(theta0, theta0), clients)
     exact0 = jax.jit(jax.vmap(lambda t, c: gradients.local_gradient(MODEL, t, c), (None, 0)))(theta0, clients)
-    np.testing.assert_array_equal(states.reference_grad, exact0)  # zeta_0 = theta_0 with its exact gradient
-    np.testing.assert_array_equal(states.anchor_round, 0)
+    np.testing.assert_array_equal(states.estimator.reference_grad, exact0)  # zeta_0 = theta_0 with its exact gradient
+    np.testing.assert_array_equal(states.estimator.anchor_round, 0)
 
     # round 4: the anchor zeta_4 = theta_3 was set in round 3. Clients 0 and 1 were active then (a marker
     # gradient shows that they do not recompute it); clients 2 and 3 still hold the anchor of round 0.
     zeta, theta = jnp.asarray([0.3, 0.1, -0.2]), jnp.asarray([0.4, 0.0, -0.1])
     marker = jnp.full((DATA.num_clients, 3), 7.0)
     fresh = jnp.asarray([True, True, False, False])
-    states = states._replace(
-        reference=jnp.where(fresh[:, None], zeta, states.reference),
-        reference_grad=jnp.where(fresh[:, None], marker, states.reference_grad),
-        anchor_round=jnp.where(fresh, 3, 0).astype(jnp.int32))
+    states = states._replace(estimator=states.estimator._replace(
+        reference=jnp.where(fresh[:, None], zeta, states.estimator.reference),
+        reference_grad=jnp.where(fresh[:, None], marker, states.estimator.reference_grad),
+        anchor_round=jnp.where(fresh, 3, 0).astype(jnp.int32)))
     step = jax.jit(jax.vmap(sampler.client_step, (0, 0, None, 0, None)))
     new, _, _ = step(keys, states, QLSDPPBroadcast(theta, zeta), clients, jnp.int32(4))
+    new = new.estimator
     at_zeta = jax.vmap(lambda t, c: gradients.local_gradient(MODEL, t, c), (None, 0))(zeta, clients)
     np.testing.assert_array_equal(new.reference, np.broadcast_to(zeta, (4, 3)))
     np.testing.assert_array_equal(new.anchor_round, 3)
@@ -51,6 +52,7 @@ def test_a_stale_client_refreshes_at_the_broadcast_anchor_and_a_fresh_one_keeps_
 
     # round 6 moves the anchor to theta_6: everyone refreshes at the broadcast position
     new, _, _ = step(keys, states, QLSDPPBroadcast(theta, theta), clients, jnp.int32(6))
+    new = new.estimator
     np.testing.assert_array_equal(new.reference, np.broadcast_to(theta, (4, 3)))
     np.testing.assert_array_equal(new.anchor_round, 6)
 

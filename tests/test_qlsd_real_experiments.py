@@ -10,6 +10,7 @@ from scipy import special
 import harness as h
 from fedmcmc.compression import quantization
 from fedmcmc.app.studies import get, qlsd_big_data, qlsd_logistic, qlsd_memory, qlsd_omega, qlsd_toy_gaussian
+from fedmcmc.app.studies.runner import run_study
 from fedmcmc.models.gaussian import GaussianPosterior
 from fedmcmc.samplers import qlsd_pp
 
@@ -43,7 +44,7 @@ def test_variance_error_helpers_against_closed_forms():
 
 def test_qlsd_memory_tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDMCMC_CACHE", str(tmp_path / "cache"))
-    r = qlsd_memory.run(tmp_path / "out", quick=True, progress=False, settings=dict(
+    r = run_study(qlsd_memory, tmp_path / "out", quick=True, progress=False, settings=dict(
         levels=[2], num_iterations=2000, burn_in=500, num_chains=4, reference_samples=500, reference_warmup=200,
         reference_chains=2, curve_points=5))
     assert get("qlsd-memory") is qlsd_memory
@@ -76,7 +77,7 @@ def test_paper_efficiency_is_table_3():
 
 def test_qlsd_logistic_tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDMCMC_CACHE", str(tmp_path / "cache"))
-    r = qlsd_logistic.run(tmp_path / "out", quick=True, progress=False, settings=dict(
+    r = run_study(qlsd_logistic, tmp_path / "out", quick=True, progress=False, settings=dict(
         bits=[4], baselines=[], num_train=600, num_clients=10, num_iterations=200, burn_in=100, thinning=10,
         reference_samples=20, reference_warmup=20, reference_chains=1, test_size=200))
     assert get("qlsd-logistic") is qlsd_logistic
@@ -113,7 +114,7 @@ def test_kappa_bar_and_stationary_moment_closed_forms():
 
 
 def test_qlsd_omega_tiny(tmp_path):
-    r = qlsd_omega.run(tmp_path, quick=True, progress=False, settings=dict(
+    r = run_study(qlsd_omega, tmp_path, quick=True, progress=False, settings=dict(
         levels=[1, 4, 16], step_sizes=[4.9e-4, 4.9e-5], sphere_draws=5000, mc_step_sizes=[4.9e-4], mc_levels=[1],
         num_iterations=1500, burn_in=100, num_chains=4))
     assert get("qlsd-omega") is qlsd_omega
@@ -129,7 +130,7 @@ def test_qlsd_omega_tiny(tmp_path):
 
 
 def test_qlsd_big_data_tiny(tmp_path):
-    r = qlsd_big_data.run(tmp_path, quick=True, progress=False, settings=dict(
+    r = run_study(qlsd_big_data, tmp_path, quick=True, progress=False, settings=dict(
         totals=[300, 3000], num_iterations=400, burn_in=100, num_chains=4, methods=["QLSD#", "QLSD*"]))
     assert get("qlsd-big-data") is qlsd_big_data
     m = r["methods"]

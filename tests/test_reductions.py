@@ -11,7 +11,7 @@ from fedmcmc.samplers import participation
 from fedmcmc.runtime import simulator as simulate_mod
 from fedmcmc.compression import identity, quantization
 from fedmcmc.samplers import lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star, sgld
-from fedmcmc.runtime.simulator import DivergenceError, simulate
+from fedmcmc import DivergenceError, simulate
 
 DATA = h.problem()
 MODEL = h.model_for(DATA)

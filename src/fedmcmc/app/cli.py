@@ -59,11 +59,11 @@ def _workers_option(parser) -> None:
 
 
 def _list() -> None:
-    from fedmcmc.app import config, studies as experiments, problems
+    from fedmcmc.app import config, problems, studies
 
     print("experiments (fedmcmc reproduce NAME [--quick]):")
-    for name, module in sorted(experiments.EXPERIMENTS.items()):
-        print(f"  {name:24s} {module.SUMMARY}")
+    for name, study in sorted(studies.EXPERIMENTS.items()):
+        print(f"  {name:24s} {study.SUMMARY}")
     print("samplers ([sampler] name in a run config):")
     for name, text in config.SAMPLERS.items():
         print(f"  {name:24s} {text}")
@@ -82,12 +82,14 @@ def _main(args) -> int:
         quick = args.command == "reproduce" and args.quick  # many short runs: compiling once pays more
         fedmcmc.tune_cpu(1 if args.workers is None and quick else args.workers)
     if args.command == "reproduce":
-        from fedmcmc.app import studies as experiments
+        from fedmcmc.app import studies
+        from fedmcmc.app.studies import runner
 
-        module = experiments.get(args.name)
+        study = studies.get(args.name)
         out = args.out or Path("results") / (args.name + ("-quick" if args.quick else ""))
-        payload = module.run(out, quick=args.quick, seed=args.seed, progress=not args.no_progress,
-                             resume=args.resume, settings=_overrides(args.set, module))
+        payload = runner.run_study(study, out, quick=args.quick, seed=args.seed,
+                                   settings=runner.overrides(study, args.set), resume=args.resume,
+                                   progress=not args.no_progress)
         print(f"wrote {out}/results.json, posterior draws (.nc) and figures ({payload['wall_seconds']:.0f} s)")
         return 0
     if args.command == "run":
@@ -145,40 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _overrides(pairs: list[str], module) -> dict:
-    """Parse ``--set KEY=VALUE`` pairs against the study's own settings (numbers, or
-    comma-separated values for list settings)."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or key not in module.FULL:
-            raise ValueError(f"--set {pair!r}: use KEY=VALUE with KEY one of {', '.join(sorted(module.FULL))}")
-        default = module.FULL[key]
-        if isinstance(default, (list, tuple)) and all(isinstance(x, str) for x in default):
-            out[key] = value.split(",")
-        elif isinstance(default, (list, tuple)):
-            out[key] = [_number(pair, key, v, all(isinstance(x, int) for x in default)) for v in value.split(",")]
-        elif isinstance(default, str):
-            out[key] = value
-        else:
-            out[key] = _number(pair, key, value, isinstance(default, int))
-        if key == "step_size" and not out[key] > 0:
-            raise ValueError(f"--set {pair!r}: step_size must be > 0")
-    return out
-
-
-def _number(pair: str, key: str, value: str, integer: bool):
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"--set {pair!r}: {key} must be a number (or numbers separated by commas)") from None
-    if integer:
-        if not number.is_integer():
-            raise ValueError(f"--set {pair!r}: {key} must be an integer")
-        return int(number)
-    return number
-
-
 def _step_size_hint(args):
     try:
         if args.command in ("run", "flower"):
@@ -186,11 +154,11 @@ def _step_size_hint(args):
 
             return float(config.load(args.config)["sampler"]["step_size"])
         if args.command == "reproduce":
-            from fedmcmc.app import studies as experiments
+            from fedmcmc.app import studies
+            from fedmcmc.app.studies import runner
 
-            module = experiments.get(args.name)
-            settings = {**(module.QUICK if args.quick else module.FULL), **_overrides(args.set, module)}
-            return float(settings["step_size"])
+            study = studies.get(args.name)
+            return float(runner.resolve(study, args.quick, None, runner.overrides(study, args.set))["step_size"])
     except Exception:  # the hint is optional; the error itself is already known
         return None
     return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from fedmcmc.compression._array_codec import array_bits
 from fedmcmc.core.base import CompressionInfo, Compressor
 from fedmcmc.core.types import Array, PRNGKey
 
@@ -13,8 +14,8 @@ __all__ = ["identity"]
 def identity() -> Compressor:
     """The identity operator ``C(v) = v`` (omega = 0).
 
-    The message is the vector itself as float32 (:func:`~fedmcmc.compression.encode_dense`),
-    so it costs exactly ``32 d`` bits.
+    The message is the vector itself, which travels as float32
+    (:func:`~fedmcmc.compression.encode`), so it costs exactly ``32 d`` bits.
 
     Returns
     -------
@@ -30,7 +31,7 @@ def identity() -> Compressor:
     def apply(key: PRNGKey, v: Array, state: tuple):
         del key
         v = jnp.asarray(v)
-        return v, state, CompressionInfo(bits=jnp.asarray(32 * v.size, dtype=jnp.int32))
+        return v, state, CompressionInfo(bits=jnp.asarray(array_bits(v), dtype=jnp.int32))
 
     def omega(d: int) -> float:
         del d

@@ -32,14 +32,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedmcmc.compression._qsgd_bits import qsgd_encoded_bits
 from fedmcmc.core.base import CompressionInfo, Compressor
-from fedmcmc.compression.codec import qsgd_encoded_bits
 from fedmcmc.core.types import Array, PRNGKey
 
 __all__ = [
     "QuantizationState",
     "QSGDMessage",
+    "MAX_BITS",
     "MAX_LEVELS",
+    "message_bits",
     "quantize",
     "dequantize",
     "dequantize_np",
@@ -49,8 +51,10 @@ __all__ = [
     "validate_levels",
 ]
 
+#: Largest number of bits ``p`` of a ``p``-bit quantiser (``s = 2**p`` levels).
+MAX_BITS = 24
 #: Largest number of levels: ``s`` and every level are then exact in float32.
-MAX_LEVELS = 2**24
+MAX_LEVELS = 2**MAX_BITS
 
 
 class QuantizationState(NamedTuple):
@@ -66,7 +70,8 @@ class QuantizationState(NamedTuple):
 
 
 class QSGDMessage(NamedTuple):
-    """What a quantising client uploads: the QSGD codec encodes exactly this.
+    """What a quantising client uploads: the QSGD code (:func:`~fedmcmc.compression.encode`)
+    writes exactly this, in :func:`message_bits` bits.
 
     Attributes
     ----------
@@ -81,6 +86,17 @@ class QSGDMessage(NamedTuple):
     norm: Array
     signed_levels: Array
     levels: Array
+
+
+def message_bits(message: QSGDMessage) -> Array:
+    """Exact unpadded length in bits of ``message``'s QSGD code (JAX, jittable).
+
+    What :func:`quantization` reports as ``CompressionInfo.bits`` and what the receiver
+    counts after :func:`~fedmcmc.compression.decode`: the length the host encoder writes
+    (:func:`~fedmcmc.compression.encode`), with the fixed-width body enabled by the
+    message's own ``s``.
+    """
+    return qsgd_encoded_bits(jnp.reshape(message.signed_levels, -1), message.levels)
 
 
 def quantize(key: PRNGKey, v: Array, s) -> tuple[Array, Array]:
@@ -192,8 +208,8 @@ def _as_level(value, where: str = "") -> int:
         raise _bad_level(value, where)
     if level > MAX_LEVELS:
         raise ValueError(
-            f"quantization levels s{where} must be <= 2**24 = {MAX_LEVELS} so that levels "
-            f"are exact in float32 (got {level}); use at most p = 24 bits"
+            f"quantization levels s{where} must be <= 2**{MAX_BITS} = {MAX_LEVELS} so that "
+            f"levels are exact in float32 (got {level}); use at most p = {MAX_BITS} bits"
         )
     return level
 
@@ -254,11 +270,10 @@ def quantization(levels) -> Compressor:
         ``init(v_like, index=0) -> QuantizationState`` picks client ``index``'s level
         (``index`` may be traced); ``apply(key, v, state) -> (QSGDMessage(norm,
         signed_levels, s), state, CompressionInfo(bits))`` with ``(norm, signed_levels) =
-        quantize(key, v, s)`` and ``bits = qsgd_encoded_bits(signed_levels, s)``, the
-        exact unpadded size of the message ``encode_qsgd(norm, signed_levels, s)`` (the
-        client's ``s`` enables the fixed-width body, so the receiver decodes with
-        ``decode_qsgd(data, d, s=s)``); ``decode(message) = dequantize(norm,
-        signed_levels, s)``, float32;
+        quantize(key, v, s)`` and ``bits = message_bits(message)``, the exact unpadded
+        size of its QSGD code (:func:`~fedmcmc.compression.encode`; the client's ``s``
+        travels with it and enables the fixed-width body); ``decode(message) =
+        dequantize(norm, signed_levels, s)``, float32;
         ``omega(d)`` is a float for a single level, a numpy array ``[num_clients]`` for
         per-client levels.
 
@@ -287,9 +302,8 @@ def quantization(levels) -> Compressor:
         return QuantizationState(levels=jnp.asarray(table)[index].astype(jnp.int32))
 
     def apply(key: PRNGKey, v: Array, state: QuantizationState):
-        norm, signed_levels = quantize(key, v, state.levels)
-        bits = qsgd_encoded_bits(signed_levels.reshape(-1), state.levels)
-        return QSGDMessage(norm, signed_levels, state.levels), state, CompressionInfo(bits=bits)
+        message = QSGDMessage(*quantize(key, v, state.levels), state.levels)
+        return message, state, CompressionInfo(bits=message_bits(message))
 
     def decode(message: QSGDMessage) -> Array:
         return dequantize(message.norm, message.signed_levels, message.levels)

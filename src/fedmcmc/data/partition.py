@@ -6,7 +6,9 @@ deal every point (:func:`iid`, :func:`unbalanced`, :func:`dirichlet`) cover ``0 
 :func:`dominant_label` and :func:`beta_binary` take stated amounts and leave the rest out
 (use the complement as a test pool if wanted). :func:`federate` turns a partition into
 :class:`~fedmcmc.data.federated.FederatedData`; :func:`label_counts`, :func:`label_skew`,
-:func:`summary` and :func:`plot_partition` describe it.
+:func:`summary` and :func:`plot_partition` describe it. :func:`shard_by_target` (regression
+shards by the response) and :func:`synthetic` return the clients' data, one ``(x, y)`` per
+client, rather than indices.
 
 References
 ----------
@@ -211,6 +213,16 @@ def beta_binary(seed: int, labels, num_clients: int, a: float, b: float,
     zeros_blocks = _deal(rng.permutation(pools[0]), size - ones)
     ones_blocks = _deal(rng.permutation(pools[1]), ones)
     return _sorted(np.concatenate(z_o) for z_o in zip(zeros_blocks, ones_blocks))
+
+
+def shard_by_target(x: np.ndarray, y: np.ndarray, num_shards: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Non-IID shards of a regression set, one ``(x, y)`` per shard: sort by the target and cut into
+    ``num_shards`` contiguous, near-equal parts, so that each shard sees one range of the response
+    (label skew for regression; El Mekkaoui et al. 2021, App. F.1). Points keep the target's order."""
+    if not 1 <= num_shards <= len(y):
+        raise ValueError(f"num_shards must lie in [1, {len(y)}] (got {num_shards})")
+    order = np.argsort(y, kind="stable")
+    return [(x[p], y[p]) for p in np.array_split(order, num_shards)]
 
 
 # --------------------------------------------------------------------------- SYNTHETIC(alpha, beta)

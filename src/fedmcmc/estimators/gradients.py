@@ -21,11 +21,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.runtime.cpu import materialize
+from fedmcmc.core.xla import materialize
 from fedmcmc.core.base import ClientData, Model
 from fedmcmc.data.federated import FederatedData
 
 Oracle = Callable[[Any, Any, ClientData], Any]
+
+
+class GradientEstimator(NamedTuple):
+    """A client's gradient estimator with a state, Optax-shaped (an oracle is the stateless case).
+
+    ``init(broadcast, client_data) -> state`` builds client ``i``'s state from the first
+    broadcast; ``estimate(key, state, broadcast, client_data, k) -> (H_i(theta_k), state)``
+    estimates ``grad U_i`` at ``theta_k = broadcast.position`` in round ``k``.
+    """
+
+    init: Callable[..., Any]
+    estimate: Callable[..., tuple]
+
+
+def stateless(oracle: Oracle) -> GradientEstimator:
+    """The estimator of an oracle: no state, ``H_i(theta) = oracle(key, theta, client_data)``."""
+
+    def init(broadcast, client_data):
+        del broadcast, client_data
+        return ()
+
+    def estimate(key, state, broadcast, client_data, k):
+        del k
+        return oracle(key, broadcast.position, client_data), state
+
+    return GradientEstimator(init, estimate)
 
 
 def weighted_potential_grad(model: Model, theta, x, weights):

@@ -4,7 +4,7 @@ A stochastic gradient ``g(xi, theta) = m(xi, theta) + e(xi)`` is an evaluation `
 a minibatch estimate) and a zero-mean noise ``e`` (e.g. the N(0, sigma^2 I) of Liang et al.'s
 simulated stochastic gradients, 2024, Section 5). Keeping the two apart lets an integrator that
 draws twice at one point (the leapfrog's closing half-kick and the next opening one,
-:mod:`fedmcmc.samplers.leapfrog`) reuse a deterministic evaluation and draw only a new noise.
+:func:`fedmcmc.samplers.integrators.leapfrog_step`) reuse a deterministic evaluation and draw only a new noise.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ prior theta ~ N(0, prior_scale^2 I). Conjugate, so the posterior is Gaussian and
 
     Sigma^{-1} = I / prior_scale^2 + X'X / noise_scale^2,     mu = Sigma X'y / noise_scale^2.
 
-An intercept is a column of ones in ``x`` (see :mod:`fedmcmc.data.regression`).
+An intercept is a column of ones in ``x`` (see :func:`fedmcmc.data.with_intercept`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from fedmcmc.core.base import FederatedSampler
-from fedmcmc.runtime.cpu import materialize
+from fedmcmc.core.xla import materialize
 
 
 def chain_keys(seed: int, chains) -> jax.Array:
@@ -88,7 +88,7 @@ def participation(sampler: FederatedSampler, chain_key, k, b: int):
 
 
 def client_keys(chain_key, k, ids) -> jax.Array:
-    """The keys of clients ``ids`` in round ``k`` (materialised: see :func:`fedmcmc.runtime.cpu.materialize`)."""
+    """The keys of clients ``ids`` in round ``k`` (materialised: see :func:`fedmcmc.core.xla.materialize`)."""
     return materialize(each(round_key(chain_key, k), ids))
 
 

@@ -25,15 +25,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedmcmc.core import xla
 from fedmcmc.runtime import cpu
 from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
 from fedmcmc.runtime import round as rnd
-from fedmcmc.runtime.records import (DivergenceError, SimulationResult, assemble, check_finite, fingerprint,
+from fedmcmc.runtime.records import (SimulationResult, assemble, check_finite, fingerprint,
                                      save_npz)
 from fedmcmc.runtime.round import chain_keys
 
-__all__ = ["Chains", "DivergenceError", "SimulationResult", "chain_keys", "simulate"]
+__all__ = ["simulate", "Chains"]
 
 _LO_BITS = 20  # bit counters are kept as (hi, lo) int32 pairs: exact up to 2**51
 
@@ -72,11 +73,27 @@ def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable |
         _BUILT.move_to_end(key)
         return _BUILT[key][1]
     init, run_chunk = _compile(sampler, data, statistic)
-    built = cpu.jit(init), cpu.jit(run_chunk, static_argnums=(3, 4))
+    built = xla.jit(init), xla.jit(run_chunk, static_argnums=(3, 4))
     _BUILT[key] = (data, built)  # holding data keeps the ids valid
     if len(_BUILT) > 16:
         _BUILT.popitem(last=False)
     return built
+
+
+def _active_clients_round(sampler: FederatedSampler, chain_key, k, carry: _Carry, clients, ids, mask, max_active: int):
+    """The clients' round when at most ``max_active`` clients are active: only they compute, with
+    the keys, states and data of the dense path (:func:`fedmcmc.runtime.round.client_round`);
+    index ``b`` marks an empty slot, read clamped and written nowhere."""
+    b = ids.shape[0]
+    idx = jnp.nonzero(mask, size=max_active, fill_value=b)[0]
+    take = partial(jax.tree_util.tree_map, lambda a: a[jnp.minimum(idx, b - 1)])
+    scatter = partial(jax.tree_util.tree_map,
+                      lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"))
+    keys = take(rnd.client_keys(chain_key, k, ids))
+    new_cs, sub_up, sub_info = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
+        keys, take(carry.client_states), carry.broadcast, take(clients), k)
+    client_states = jax.tree_util.tree_map(lambda a, n: a.at[idx].set(n, mode="drop"), carry.client_states, new_cs)
+    return client_states, scatter(sub_up), scatter(sub_info)
 
 
 def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None):
@@ -105,18 +122,8 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
             client_states, uploads, cinfo = rnd.client_round(sampler, chain_key, k, carry.client_states,
                                                              carry.broadcast, clients, ids, mask)
         else:
-            # Only the (at most max_active) active clients compute, with the keys, states and data
-            # of the dense path; index b marks an empty slot, read clamped and written nowhere.
-            idx = jnp.nonzero(mask, size=max_active, fill_value=b)[0]
-            take = partial(jax.tree_util.tree_map, lambda a: a[jnp.minimum(idx, b - 1)])
-            scatter = partial(jax.tree_util.tree_map,
-                              lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"))
-            keys = take(rnd.client_keys(chain_key, k, ids))
-            new_cs, sub_up, sub_info = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
-                keys, take(carry.client_states), carry.broadcast, take(clients), k)
-            client_states = jax.tree_util.tree_map(lambda a, n: a.at[idx].set(n, mode="drop"),
-                                                   carry.client_states, new_cs)
-            uploads, cinfo = scatter(sub_up), scatter(sub_info)
+            client_states, uploads, cinfo = _active_clients_round(sampler, chain_key, k, carry, clients, ids, mask,
+                                                                  max_active)
         server_state, broadcast, sinfo = rnd.server_round(sampler, chain_key, k, carry.server_state, uploads, mask, b)
         n_active = jnp.sum(mask.astype(jnp.int32))
         bits_up = jnp.sum(jnp.where(mask, cinfo.bits, 0).astype(jnp.int32))
@@ -231,6 +238,59 @@ def _each(blocks, method: str, args):
     return [block.result() for block in blocks]
 
 
+def _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size, out_dir, resume):
+    """The run's settings checked (one line naming the problem and the fix): ``theta0`` as
+    ``[num_chains, d]`` and the chunk size."""
+    for label, value in (("num_iterations", num_iterations), ("num_chains", num_chains), ("thinning", thinning)):
+        if int(value) != value or value < 1:
+            raise ValueError(f"{label} must be a positive integer (got {value!r})")
+    if int(burn_in) != burn_in or not 0 <= burn_in < num_iterations:
+        raise ValueError(f"burn_in must be an integer in [0, num_iterations) (got {burn_in!r})")
+    if num_iterations % thinning:
+        raise ValueError(f"num_iterations ({num_iterations}) must be a multiple of thinning ({thinning})")
+    if chunk_size is None:
+        chunk_size = max(thinning, (min(num_iterations, 10_000) // thinning) * thinning)
+    if chunk_size % thinning or chunk_size < 1:
+        raise ValueError(f"chunk_size ({chunk_size}) must be a positive multiple of thinning ({thinning})")
+    theta0 = jnp.asarray(theta0, jnp.float32)
+    if theta0.ndim == 1:
+        theta0 = jnp.broadcast_to(theta0, (num_chains,) + theta0.shape)
+    if theta0.ndim != 2 or theta0.shape[0] != num_chains:
+        raise ValueError(f"theta0 must have shape [d] or [num_chains, d] (got {tuple(theta0.shape)})")
+    if sampler.num_clients not in (None, data.num_clients):
+        raise ValueError(f"the sampler has per-client settings for {sampler.num_clients} clients but the data "
+                         f"has {data.num_clients}; give one value per client")
+    if resume and out_dir is None:
+        raise ValueError("resume needs out_dir, the folder of the interrupted run")
+
+    return theta0, chunk_size
+
+
+def _restore(chunk_dir: Path | None, resume: bool, run_fingerprint: str, blocks) -> tuple[int, float, list[dict]]:
+    """Rounds done, wall time and chunks of the run in ``chunk_dir``, with the blocks' state restored
+    when resuming; otherwise an empty (cleared) folder and nothing done."""
+    done, wall, pieces = 0, 0.0, []
+    if chunk_dir is None:
+        return done, wall, pieces
+    state_path = chunk_dir / "state.npz"
+    if resume and state_path.exists():
+        saved = np.load(state_path)
+        if str(saved["fingerprint"]) != run_fingerprint:
+            raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
+                             "use another --out folder or drop --resume")
+        leaves = [saved[f"leaf{i}"] for i in range(sum(name.startswith("leaf") for name in saved.files))]
+        _each(blocks, "restore", lambda block: ([x[block.chains.start:block.chains.stop] for x in leaves],))
+        done, wall = int(saved["done"]), float(saved["wall"])
+        for i in range(int(saved["num_chunks"])):
+            with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
+                pieces.append({name: z[name] for name in z.files})
+    elif chunk_dir.exists() and any(chunk_dir.iterdir()) and not resume:
+        for old in chunk_dir.iterdir():
+            old.unlink()
+    chunk_dir.mkdir(parents=True, exist_ok=True)
+    return done, wall, pieces
+
+
 def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, num_iterations: int, *,
              num_chains: int = 1, burn_in: int = 0, thinning: int = 1, statistic: Callable | None = None,
              chunk_size: int | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
@@ -266,28 +326,8 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         number set by :func:`fedmcmc.tune_cpu`, which is 1 (this process) until it is called.
         The samples do not depend on it.
     """
-    for label, value in (("num_iterations", num_iterations), ("num_chains", num_chains), ("thinning", thinning)):
-        if int(value) != value or value < 1:
-            raise ValueError(f"{label} must be a positive integer (got {value!r})")
-    if int(burn_in) != burn_in or not 0 <= burn_in < num_iterations:
-        raise ValueError(f"burn_in must be an integer in [0, num_iterations) (got {burn_in!r})")
-    if num_iterations % thinning:
-        raise ValueError(f"num_iterations ({num_iterations}) must be a multiple of thinning ({thinning})")
-    if chunk_size is None:
-        chunk_size = max(thinning, (min(num_iterations, 10_000) // thinning) * thinning)
-    if chunk_size % thinning or chunk_size < 1:
-        raise ValueError(f"chunk_size ({chunk_size}) must be a positive multiple of thinning ({thinning})")
-    theta0 = jnp.asarray(theta0, jnp.float32)
-    if theta0.ndim == 1:
-        theta0 = jnp.broadcast_to(theta0, (num_chains,) + theta0.shape)
-    if theta0.ndim != 2 or theta0.shape[0] != num_chains:
-        raise ValueError(f"theta0 must have shape [d] or [num_chains, d] (got {tuple(theta0.shape)})")
-    if sampler.num_clients not in (None, data.num_clients):
-        raise ValueError(f"the sampler has per-client settings for {sampler.num_clients} clients but the data "
-                         f"has {data.num_clients}; give one value per client")
-    if resume and out_dir is None:
-        raise ValueError("resume needs out_dir, the folder of the interrupted run")
-
+    theta0, chunk_size = _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size,
+                                  out_dir, resume)
     if workers is None:
         workers = cpu.default_workers()
     if jax.default_backend() != "cpu":
@@ -307,28 +347,8 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
                                burn_in=burn_in, thinning=thinning, chunk=chunk_size,
                                theta0=hashlib.sha256(theta0.tobytes()).hexdigest())
 
-    chunk_dir = None
-    done, wall = 0, 0.0
-    pieces: list[dict] = []
-    if out_dir is not None:
-        chunk_dir = Path(out_dir) / "chunks"
-        state_path = chunk_dir / "state.npz"
-        if resume and state_path.exists():
-            saved = np.load(state_path)
-            if str(saved["fingerprint"]) != run_fingerprint:
-                raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
-                                 "use another --out folder or drop --resume")
-            leaves = [saved[f"leaf{i}"] for i in range(sum(name.startswith("leaf") for name in saved.files))]
-            _each(blocks, "restore", lambda block: ([x[block.chains.start:block.chains.stop] for x in leaves],))
-            done, wall = int(saved["done"]), float(saved["wall"])
-            for i in range(int(saved["num_chunks"])):
-                with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
-                    pieces.append({name: z[name] for name in z.files})
-        elif chunk_dir.exists() and any(chunk_dir.iterdir()) and not resume:
-            for old in chunk_dir.iterdir():
-                old.unlink()
-        chunk_dir.mkdir(parents=True, exist_ok=True)
-
+    chunk_dir = None if out_dir is None else Path(out_dir) / "chunks"
+    done, wall, pieces = _restore(chunk_dir, resume, run_fingerprint, blocks)
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -59,7 +59,8 @@ from fedmcmc.core import checks
 from fedmcmc.estimators import gradients
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
-from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, float_bits
+from fedmcmc.samplers.integrators import langevin_step
+from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo, float_bits
 
 _MAX_FULL_HESSIAN_DIM = 2048
 
@@ -207,13 +208,10 @@ def dg_sgld(model: Model, rho, step_size, num_local_steps=1, batch_size=None, nu
         i = client_data.index
         gamma, r, num_steps = gamma_all[i], inv_rho[i], steps_all[i]
         theta = broadcast.position
-        noise_scale = jnp.sqrt(2.0 * gamma)
 
         def step(s, z):
-            key_s = jax.random.fold_in(key, s)
-            key_grad, key_noise = jax.random.split(key_s)
-            drift = oracle(key_grad, z, client_data) + r * (z - theta)
-            new = z - gamma * drift + noise_scale * jax.random.normal(key_noise, z.shape, z.dtype)
+            key_grad, key_noise = jax.random.split(jax.random.fold_in(key, s))
+            new = langevin_step(key_noise, z, oracle(key_grad, z, client_data) + r * (z - theta), gamma)
             return jnp.where(s < num_steps, new, z)
 
         z = jax.lax.fori_loop(0, max_steps, step, client_state.z)
@@ -231,6 +229,8 @@ def dg_sgld(model: Model, rho, step_size, num_local_steps=1, batch_size=None, nu
             else:
                 position = cond_cov32 @ (shift32 + pull) + cond_scale32 @ noise
         else:
+            # langevin_step's form, with the noise scale computed in float64 (as since the first
+            # version: integrators.langevin_step's float32 sqrt differs in the last bit for some h)
             drift = total_inv_rho * theta - pull - jax.grad(model.log_prior)(theta)
             position = theta - h * drift + np.float32(np.sqrt(2.0 * h)) * noise
         new = participation_lib.hold_if_empty(participation, mask, DGState(position, z_all), server_state)

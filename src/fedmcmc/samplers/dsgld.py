@@ -9,7 +9,8 @@ data and hands the chain back,
 
     v_s(theta) = grad log p(theta) + N_s / (f_s m) sum_{x in B} grad log p(x | theta),
 
-with ``B`` a minibatch of ``m`` of the shard's ``N_s`` points (all of them if ``m`` is None).
+with ``B`` a minibatch of ``m`` of the shard's ``N_s`` points (all of them if ``m`` is None): a
+Langevin step of size ``h / 2`` on the potential ``-log p`` (:mod:`fedmcmc.samplers.integrators`).
 Averaged over the shard choice, ``v_s`` is the full-data gradient, but within a visit the
 chain follows shard ``s`` alone: with many local steps it drifts towards
 ``p(theta) p(x_s | theta)^{1 / f_s}``, the pathology El Mekkaoui et al. cure with the
@@ -52,8 +53,8 @@ from fedmcmc.estimators import gradients
 from fedmcmc.estimators.conducive import Conducive, conducive as conducive_gradients
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model, Setup, per_client_count
-from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, float_bits
-from fedmcmc.core.types import resolve_schedule
+from fedmcmc.samplers.integrators import langevin_step, step_size_at
+from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo, float_bits
 
 
 class DSGLDState(NamedTuple):
@@ -133,10 +134,9 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
 
         def step(j, carry):
             theta, draws = carry
-            h = jnp.asarray(resolve_schedule(step_size, k * local_steps + j), jnp.float32)
+            h = step_size_at(step_size, k * local_steps + j)
             key_grad, key_noise = jax.random.split(jax.random.fold_in(key, j))
-            noise = jax.random.normal(key_noise, theta.shape, theta.dtype)
-            theta = theta + 0.5 * h * drift(key_grad, theta) + jnp.sqrt(h) * noise
+            theta = langevin_step(key_noise, theta, -drift(key_grad, theta), 0.5 * h)  # U = -log density
             slot = (j + 1) // record_every - 1
             draws = jnp.where((j + 1) % record_every == 0, draws.at[slot].set(theta), draws)
             return theta, draws
@@ -149,7 +149,7 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
         del key
         draws = jnp.tensordot(mask.astype(jnp.float32), uploads.draws, axes=1)
         new = DSGLDState(draws[-1], draws)
-        h = jnp.asarray(resolve_schedule(step_size, k * local_steps), jnp.float32)
+        h = step_size_at(step_size, k * local_steps)
         return new, Broadcast(new.position), ServerInfo(step_size=h, broadcast_bits=float_bits(new.position))
 
     setup = None if conducive is None else _setup(conducive, model)

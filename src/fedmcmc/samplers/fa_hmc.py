@@ -14,7 +14,7 @@ enters ``f`` once).
     p'     = p - (eta / 2) g(theta, xi_k) - (eta / 2) g(theta', xi_{k+1/2}),
 
 written as kick ``(eta / 2)``, drift ``eta``, kick ``(eta / 2)``
-(:mod:`fedmcmc.samplers.leapfrog`). ``g`` is a stochastic gradient of ``f^(c)``: exact, a
+(:func:`fedmcmc.samplers.integrators.leapfrog_step`). ``g`` is a stochastic gradient of ``f^(c)``: exact, a
 minibatch estimate, or exact plus N(0, sigma^2 I) noise (the paper's SG setting,
 :func:`fedmcmc.estimators.stochastic.gaussian_noise`). Every half-kick draws its own gradient,
 so the momentum receives two independent gradient noises of weight ``eta / 2`` per interior
@@ -114,12 +114,12 @@ import numpy as np
 from fedmcmc.compression import identity
 from fedmcmc.core import checks
 from fedmcmc.core.base import Compressor, FederatedSampler, Model, Participation, per_client_count
-from fedmcmc.core.types import Schedule, resolve_schedule
+from fedmcmc.core.types import Schedule
 from fedmcmc.estimators import gradients, scaffold
 from fedmcmc.estimators.stochastic import StochasticGradient, gaussian_noise
 from fedmcmc.samplers import participation as participation_lib
-from fedmcmc.samplers.common import ClientInfo, ServerInfo, float_bits
-from fedmcmc.samplers.leapfrog import leapfrog_step
+from fedmcmc.samplers.integrators import leapfrog_step, step_size_at
+from fedmcmc.samplers.messages import ClientInfo, ServerInfo, float_bits
 from fedmcmc.samplers.trajectories import run_round, round_trajectories, steps_per_round
 
 _SEED_BITS = 64  # the shared momentum seed is one PRNG key: two uint32
@@ -230,7 +230,7 @@ def _draw_momentum(s: _Settings, seed, key_grad, j, w_c, like):
 
 
 def _eta_at(s: _Settings, counter):
-    return jnp.asarray(resolve_schedule(s.step_size, counter), jnp.float32)
+    return step_size_at(s.step_size, counter)
 
 
 def _init(s: _Settings, key, theta0):

@@ -58,10 +58,11 @@ import jax.numpy as jnp
 from fedmcmc.compression import identity
 from fedmcmc.core import checks
 from fedmcmc.core.base import Compressor, FederatedSampler, Model, Participation, per_client_count
-from fedmcmc.core.types import Schedule, resolve_schedule
+from fedmcmc.core.types import Schedule
 from fedmcmc.estimators import gradients, scaffold
 from fedmcmc.samplers import participation as participation_lib
-from fedmcmc.samplers.common import ClientInfo, ServerInfo, float_bits
+from fedmcmc.samplers.integrators import step_size_at
+from fedmcmc.samplers.messages import ClientInfo, ServerInfo, float_bits
 
 
 def mcmahan(participation: Participation, mask, weights):
@@ -153,7 +154,7 @@ def _client_step(s: _Settings, key, client_state, broadcast, client_data, k):
     estimate = s.control.correct(estimate, broadcast.correction, client_state.anchor)
 
     def step(t, theta):
-        eta = jnp.asarray(resolve_schedule(s.learning_rate, k * s.local_steps + t), jnp.float32)
+        eta = step_size_at(s.learning_rate, k * s.local_steps + t)
         return theta - eta * estimate(jax.random.fold_in(key_grad, t), theta)
 
     theta = jax.lax.fori_loop(0, s.local_steps, step, theta0)
@@ -170,7 +171,7 @@ def _server_step(s: _Settings, key, server_state, uploads, mask, k):
     position = server_state.position + jnp.tensordot(a, jax.vmap(s.compressor.decode)(uploads.delta), axes=1)
     position = jnp.where(jnp.any(mask), position, server_state.position)
     anchors, correction = s.control.aggregate(server_state.anchors, uploads.anchor, mask, s.weights)
-    eta = jnp.asarray(resolve_schedule(s.learning_rate, k * s.local_steps), jnp.float32)
+    eta = step_size_at(s.learning_rate, k * s.local_steps)
     bits = float_bits(position) + float_bits(correction)
     return (FedAvgState(position, anchors), FedAvgBroadcast(position, correction),
             ServerInfo(step_size=eta, broadcast_bits=bits))

@@ -49,7 +49,8 @@ from fedmcmc.core import checks
 from fedmcmc.estimators import gradients
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model
-from fedmcmc.samplers.common import Broadcast, ClientInfo, ServerInfo, server_step_size
+from fedmcmc.samplers.integrators import preconditioned_langevin_step, step_size_at
+from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo
 
 
 class PSGLDState(NamedTuple):
@@ -121,7 +122,7 @@ def psgld(model: Model, step_size, batch_size=None, beta: float = 0.99, lam: flo
         return client_state, upload, ClientInfo(bits=jnp.zeros((), jnp.int32))
 
     def server_step(key, server_state, uploads, mask, k):
-        eps = server_step_size(step_size, k)
+        eps = step_size_at(step_size, k)
         m = mask.astype(jnp.float32)
         grad = jnp.tensordot(m, uploads.grad, axes=1)  # estimate of sum_j grad U_j
         count = jnp.maximum(jnp.sum(m * uploads.count), 1.0)
@@ -129,9 +130,8 @@ def psgld(model: Model, step_size, batch_size=None, beta: float = 0.99, lam: flo
         v = beta32 * server_state.v + (1.0 - beta32) * g_bar * g_bar
         precond = 1.0 / (lam32 + jnp.sqrt(v))
         theta = server_state.position
-        drift = grad - jax.grad(model.log_prior)(theta)
-        noise = jax.random.normal(key, theta.shape, theta.dtype)
-        position = theta - 0.5 * eps * precond * drift + jnp.sqrt(eps * precond) * noise
+        position = preconditioned_langevin_step(key, theta, grad - jax.grad(model.log_prior)(theta), 0.5 * eps,
+                                                precond)
         return (PSGLDState(position, v), Broadcast(position),
                 ServerInfo(step_size=eps, broadcast_bits=jnp.zeros((), jnp.int32)))
 

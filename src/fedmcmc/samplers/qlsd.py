@@ -28,8 +28,8 @@ from fedmcmc.estimators import gradients
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo,
-                                     float_bits, langevin_update, server_step_size)
+from fedmcmc.samplers.integrators import langevin_step, step_size_at
+from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo, float_bits
 
 
 class QLSDState(NamedTuple):
@@ -39,9 +39,40 @@ class QLSDState(NamedTuple):
 
 
 class QLSDClientState(NamedTuple):
-    """Client state: its compressor's state (e.g. its number of levels)."""
+    """Client state: its gradient estimator's state and its compressor's state (e.g. its number
+    of levels, or its memory term)."""
 
+    estimator: Any
     compressor: Any
+
+
+def client_half(estimator: gradients.GradientEstimator, compressor):
+    """QLSD's clients: ``(client_init, client_step)`` of a client that uploads
+    ``C_i(H_i(theta_k))`` with ``H_i`` from ``estimator`` and ``C_i`` the compressor.
+
+    The round key is split into ``(key_grad, key_comp)``, for the estimator and the compressor.
+    """
+
+    def client_init(key, broadcast, client_data):
+        del key
+        return QLSDClientState(estimator.init(broadcast, client_data),
+                               compressor.init(broadcast.position, client_data.index))
+
+    def client_step(key, client_state, broadcast, client_data, k):
+        key_grad, key_comp = jax.random.split(key)
+        grad, estimator_state = estimator.estimate(key_grad, client_state.estimator, broadcast, client_data, k)
+        message, comp_state, cinfo = compressor.apply(key_comp, grad, client_state.compressor)
+        return QLSDClientState(estimator_state, comp_state), message, ClientInfo(bits=cinfo.bits)
+
+    return client_init, client_step
+
+
+def server_move(key, model: Model, participation: Participation, theta, drift, mask, gamma):
+    """The server's Langevin move ``theta - gamma [grad U_0(theta) + drift] + sqrt(2 gamma) Z``,
+    with ``U_0 = -log prior`` counted once, here; ``theta`` itself in a round with no active
+    client if the scheme pauses then (:func:`fedmcmc.samplers.participation.hold_if_empty`)."""
+    position = langevin_step(key, theta, drift - jax.grad(model.log_prior)(theta), gamma)
+    return participation_lib.hold_if_empty(participation, mask, position, theta)
 
 
 def qlsd(model: Model, step_size, oracle, compressor=None, participation: Participation | None = None,
@@ -68,31 +99,21 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
     step_size = checks.step_size(step_size)
     compressor = identity() if compressor is None else compressor
     participation = participation_lib.full() if participation is None else participation
+    client_init, client_step = client_half(gradients.stateless(oracle), compressor)
 
     def init(key, theta0):
         del key
         theta0 = jnp.asarray(theta0, jnp.float32)
         return QLSDState(theta0), Broadcast(theta0)
 
-    def client_init(key, broadcast, client_data):
-        del key
-        return QLSDClientState(compressor.init(broadcast.position, client_data.index))
-
-    def client_step(key, client_state, broadcast, client_data, k):
-        del k
-        key_grad, key_comp = jax.random.split(key)
-        grad = oracle(key_grad, broadcast.position, client_data)
-        message, comp_state, cinfo = compressor.apply(key_comp, grad, client_state.compressor)
-        return QLSDClientState(comp_state), message, ClientInfo(bits=cinfo.bits)
-
     def server_step(key, server_state, uploads, mask, k):
-        gamma = server_step_size(step_size, k)
+        gamma = step_size_at(step_size, k)
         drift = jnp.tensordot(participation.weights(mask), jax.vmap(compressor.decode)(uploads), axes=1)
         if server_constant is not None:
             drift = drift + server_constant
-        position = langevin_update(key, model, server_state.position, drift, gamma)
-        new = participation_lib.hold_if_empty(participation, mask, QLSDState(position), server_state)
-        return new, Broadcast(new.position), ServerInfo(step_size=gamma, broadcast_bits=float_bits(new.position))
+        position = server_move(key, model, participation, server_state.position, drift, mask, gamma)
+        info = ServerInfo(step_size=gamma, broadcast_bits=float_bits(position))
+        return QLSDState(position), Broadcast(position), info
 
     clients = per_client_count(compressor.omega(model.dim), known=(num_clients, participation.num_clients))
     return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients)

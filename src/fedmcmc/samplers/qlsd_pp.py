@@ -1,37 +1,38 @@
-"""QLSD++ (Vono et al., AISTATS 2022, Algorithm 2): SVRG control variates and memory terms.
+"""QLSD++ (Vono et al., AISTATS 2022, Algorithm 2): QLSD with SVRG control variates and memory terms.
 
-**The anchor** is global: ``zeta_k = theta_k`` if ``k = 0 mod l``, else ``zeta_k = zeta_{k-1}``, and
-``zeta_0 = theta_0`` comes with its exact gradient (every client computes ``grad U_i(theta_0)`` in
-``client_init``). Each round every active client ``i in A_k`` forms
+QLSD++ is QLSD (:mod:`fedmcmc.samplers.qlsd`) built from two pieces: every active client
+``i in A_k`` estimates its gradient with the SVRG estimator at the global anchor ``zeta_k``
+(:func:`fedmcmc.estimators.svrg.svrg`),
 
     H_i = (N_i / n_i) sum_{j in S_i} [grad U_ij(theta_k) - grad U_ij(zeta_k)] + grad U_i(zeta_k),
 
-uploads ``Delta_i = C_i(H_i - eta_i)`` and updates its memory ``eta_i <- eta_i + alpha_i Delta_i``
-(``alpha_i = 1 / (omega_i + 1)`` by default; memory terms start at zero). The server keeps
-``eta = sum_i eta_i`` in step with the clients and moves
+and uploads it through a memory-wrapped compressor (:func:`fedmcmc.compression.memory.with_memory`):
+``Delta_i = C_i(H_i - eta_i)``, then ``eta_i <- eta_i + alpha_i Delta_i`` (``alpha_i = 1 / (omega_i + 1)``
+by default; memory terms start at zero). The server keeps ``eta = sum_i eta_i`` in step with the
+clients and moves
 
     theta_{k+1} = theta_k - gamma_k [ grad U_0(theta_k) + eta + sum_{i in A_k} w_i Delta_i ]
                   + sqrt(2 gamma_k) Z_{k+1},
     eta <- eta + sum_{i in A_k} alpha_i Delta_i,
 
 with ``w_i = b / |A_k|`` or ``1 / p_i`` (:mod:`fedmcmc.samplers.participation`) and ``U_0 = -log prior``.
-``E[H_i] = grad U_i(theta_k)`` needs ``grad U_i(zeta_k)`` at the current anchor, and a client
-that was inactive when the anchor moved does not hold it. So each client stores the round of
-its anchor; the current anchor's round is ``l floor(k / l)``, known from ``k``. In a round where
-the anchor moves (``k = 0 mod l``) every active client refreshes at ``theta_k``, which it has; a
-client whose anchor is older (*stale*) refreshes on its next active round: it computes
-``grad U_i(zeta_k)`` at the anchor ``zeta_k``, which the server then attaches to the broadcast.
-Every client's ``H_i`` is therefore unbiased from the first round, under any participation.
+The anchor moves to ``theta_k`` when ``k = 0 mod l``; a client that missed a move catches up on
+its next active round at the anchor the server attaches to the broadcast
+(:mod:`fedmcmc.estimators.svrg`), so every ``H_i`` is unbiased under any participation.
 
-**Bits.** ``ClientInfo.bits`` is the encoded ``Delta_i``, as before. The broadcast of round
-``k`` is ``theta_k`` (32 d bits), plus ``zeta_k`` (32 d bits more) when ``k`` is not a multiple of
-``l`` and some client may be stale. The server's state does not know ``b``, so it does not track
-clients one by one: "some client may be stale" means that since the anchor last moved, some
-round had an inactive client (under full participation the anchor never travels).
+**Bits.** ``ClientInfo.bits`` is the encoded ``Delta_i``. The broadcast of round ``k`` is
+``theta_k`` (32 d bits), plus ``zeta_k`` (32 d bits more) when ``k`` is not a multiple of ``l`` and
+some client may be stale (:func:`fedmcmc.estimators.svrg.anchor_travels`).
 ``ServerInfo.broadcast_bits`` of ``server_step(k)`` is the size of round ``k``'s broadcast, the one
 that round's active clients received. With full batches (``batch_size=None``) ``H_i`` is the exact
 ``grad U_i(theta_k)``, the anchor is not used and never travels. Nor does it when every ``p_i = 1``
 (``participation.probs``): no client can miss a refresh, and the catch-up is not even compiled.
+(A client that fails on a refresh round over Flower then keeps its previous anchor with its exact
+gradient until the next refresh: unbiased, with an older anchor.)
+
+**A round with no active client** under a pausing scheme keeps ``theta`` (as QLSD does), while
+the rest of the server state advances as in any round: ``eta`` gains nothing, the anchor still
+moves on schedule (to the held ``theta``), and ``synced`` is updated.
 
 **Memory update: the paper has two.** Algorithm 2 (and Algorithm S3, LSD++) updates
 ``eta_i <- eta_i + alpha Delta_i`` on active clients, with no ``1 / p_i``; the analysed recursion
@@ -41,22 +42,14 @@ that round's active clients received. With full batches (``batch_size=None``) ``
     eta_{k+1}^(i) = eta_k^(i) + alpha S_i(C_i{G_i(theta_k, zeta_k) - eta_k^(i)})      (S45)
 
 ``memory_update="algorithm"`` (default) is the algorithm box; ``"inverse_probability"`` is S45,
-with ``p_i`` from ``participation.probs`` (client and server apply the same factor, so
-``eta = sum_i eta_i`` stays exact). Both leave the drift unbiased: the server adds all of
-``eta`` and the active clients' corrections. Under full participation they are the same chain.
+with ``p_i`` from ``participation.probs`` (the memory rate is ``alpha_i / p_i``, on the client and
+on the server, so ``eta = sum_i eta_i`` stays exact). Both leave the drift unbiased: the server
+adds all of ``eta`` and the active clients' corrections. Under full participation they are the
+same chain.
 
 With ``memory=False``, or equivalently ``memory_rate=0`` (alpha = 0, so eta stays 0), this is
 QLSD with SVRG gradients ("QLSD++ without memory", Vono et al., supplement Figure S3). LSD++
 (Algorithm S3) is QLSD++ with the identity compressor, memory included (:func:`lsd_pp`).
-
-**Cost in simulation.** A stale client's refresh is a per-client, per-chain event. Under
-``vmap`` a ``lax.cond`` on it would compute the full local gradient for every client every round,
-so it is a ``lax.while_loop`` that runs its body only when some client of the batch is stale
-(the loop is left out under full participation, where even idle it cost a third of the
-simulator's speed on a small problem). Under partial participation the dense simulator also steps
-inactive clients (and discards their results), and some of them are nearly always stale, so
-the simulator then pays one full local gradient per client per round; a deployment pays it
-only on a stale client's active round.
 """
 
 from __future__ import annotations
@@ -69,11 +62,14 @@ import numpy as np
 
 from fedmcmc.core import checks
 from fedmcmc.estimators import gradients
+from fedmcmc.estimators.svrg import anchor_travels, next_anchor, svrg
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.common import (ClientInfo, ServerInfo, float_bits, langevin_update,
-                                     server_step_size)
+from fedmcmc.compression.memory import memory_sum_update, with_memory
+from fedmcmc.samplers.integrators import step_size_at
+from fedmcmc.samplers.messages import ServerInfo, float_bits
+from fedmcmc.samplers.qlsd import client_half, server_move
 
 MEMORY_UPDATES = ("algorithm", "inverse_probability")
 
@@ -107,15 +103,25 @@ class QLSDPPBroadcast(NamedTuple):
     anchor: Any
 
 
-class QLSDPPClientState(NamedTuple):
-    """Client state: compressor state, memory term ``eta_i``, its anchor, ``grad U_i`` there, and
-    the round at which that anchor was set."""
-
-    compressor: Any
-    memory: Any
-    reference: Any
-    reference_grad: Any
-    anchor_round: Any
+def memory_rates(compressor, dim: int, participation: Participation, memory: bool, memory_rate,
+                 memory_update: str) -> np.ndarray:
+    """``alpha_i`` (float64, scalar or per client): ``1 / (omega_i + 1)`` or ``memory_rate`` in
+    ``[0, 1]``, 0 without memory, divided by ``p_i`` for ``memory_update="inverse_probability"``."""
+    checks.choice("memory_update", memory_update, MEMORY_UPDATES)
+    if memory:
+        alpha = (1.0 / (np.asarray(compressor.omega(dim), np.float64) + 1.0)
+                 if memory_rate is None else np.asarray(memory_rate, np.float64))
+        if not np.all(np.isfinite(alpha)) or np.any(alpha < 0) or np.any(alpha > 1):
+            raise ValueError(f"memory_rate alpha must lie in [0, 1] (got {alpha.tolist()}); "
+                             "0 switches the memory off, 1 / (omega + 1) is the default")
+    else:
+        alpha = np.zeros(())
+    if memory_update == "inverse_probability":
+        if participation.probs is None:
+            raise ValueError(f"memory_update='inverse_probability' divides by p_i, and the participation scheme "
+                             f"{participation.name!r} has no probabilities (Participation.probs is None)")
+        alpha = alpha / np.asarray(participation.probs, np.float64)  # per client if either is
+    return alpha
 
 
 def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participation: Participation | None = None,
@@ -159,33 +165,15 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
     compressor = identity() if compressor is None else compressor
     participation = participation_lib.full() if participation is None else participation
     refresh_every = checks.positive_int("refresh_every (l)", refresh_every)
-    checks.choice("memory_update", memory_update, MEMORY_UPDATES)
     sizes = gradients.resolve_batch_sizes(batch_size)
-    if memory:
-        alpha = (1.0 / (np.asarray(compressor.omega(model.dim), np.float64) + 1.0)
-                 if memory_rate is None else np.asarray(memory_rate, np.float64))
-        if not np.all(np.isfinite(alpha)) or np.any(alpha < 0) or np.any(alpha > 1):
-            raise ValueError(f"memory_rate alpha must lie in [0, 1] (got {alpha.tolist()}); "
-                             "0 switches the memory off, 1 / (omega + 1) is the default")
-    else:
-        alpha = np.zeros(())
-    probs = None
-    if memory_update == "inverse_probability":
-        if participation.probs is None:
-            raise ValueError(f"memory_update='inverse_probability' divides by p_i, and the participation scheme "
-                             f"{participation.name!r} has no probabilities (Participation.probs is None)")
-        probs = np.asarray(participation.probs, np.float64)
-        alpha = alpha / probs  # per client if either is
-    alpha = jnp.asarray(alpha, jnp.float32)
-    # Full batches use the exact local gradient, not the anchor. A scheme whose clients are always
-    # active (p_i = 1) has no stale client: no catch-up loop (it costs time even when idle) and no
-    # anchor on the wire. (A client that fails on a refresh round over Flower then keeps its previous
-    # anchor with its exact gradient until the next refresh: unbiased, with an older anchor.)
+    alpha = memory_rates(compressor, model.dim, participation, memory, memory_rate, memory_update)
+    # A scheme whose clients are always active (p_i = 1) has no stale client: no catch-up loop and
+    # no anchor on the wire; nor with full batches, which do not use the anchor.
     always_active = participation.probs is not None and bool(np.all(np.asarray(participation.probs) == 1.0))
     uses_anchor = sizes is not None and not always_active
-
-    def client_alpha(index):
-        return alpha[index] if alpha.ndim else alpha
+    client_init, client_step = client_half(svrg(model, batch_size, refresh_every, stale_clients=not always_active),
+                                           with_memory(compressor, alpha))
+    rate = jnp.asarray(alpha, jnp.float32)
 
     def init(key, theta0):
         del key
@@ -193,70 +181,19 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
         state = QLSDPPState(theta0, jnp.zeros_like(theta0), theta0, jnp.asarray(True))
         return state, QLSDPPBroadcast(theta0, theta0)
 
-    def client_init(key, broadcast, client_data):
-        del key
-        zeta = broadcast.anchor  # zeta_0 = theta_0, with its exact gradient
-        return QLSDPPClientState(compressor.init(broadcast.position, client_data.index), jnp.zeros_like(zeta),
-                                 zeta, gradients.local_gradient(model, zeta, client_data), jnp.int32(0))
-
-    def catch_up(client_state, broadcast, client_data, anchor_round):
-        """A stale client's refresh at the broadcast anchor (a while loop: see the module docstring)."""
-        stale = client_state.anchor_round != anchor_round
-
-        def body(carry):
-            return (broadcast.anchor, gradients.local_gradient(model, broadcast.anchor, client_data), anchor_round,
-                    jnp.zeros((), bool))
-
-        reference, reference_grad, round_, _ = jax.lax.while_loop(
-            lambda carry: carry[3], body,
-            (client_state.reference, client_state.reference_grad, client_state.anchor_round, stale))
-        return reference, reference_grad, round_
-
-    def client_step(key, client_state, broadcast, client_data, k):
-        theta = broadcast.position
-        k = jnp.asarray(k, jnp.int32)
-        anchor_round = k - k % refresh_every
-        reference, reference_grad, round_ = jax.lax.cond(
-            k % refresh_every == 0,
-            lambda: (theta, gradients.local_gradient(model, theta, client_data), anchor_round),
-            lambda: (client_state.reference, client_state.reference_grad, client_state.anchor_round),
-        )
-        key_batch, key_comp = jax.random.split(key)
-        if sizes is None:
-            grad = gradients.local_gradient(model, theta, client_data)
-        else:
-            if uses_anchor:
-                reference, reference_grad, round_ = catch_up(
-                    client_state._replace(reference=reference, reference_grad=reference_grad, anchor_round=round_),
-                    broadcast, client_data, anchor_round)
-            xb, w = gradients.minibatch(key_batch, client_data, sizes)
-            grad = (gradients.weighted_potential_grad(model, theta, xb, w)
-                    - gradients.weighted_potential_grad(model, reference, xb, w) + reference_grad)
-        message, comp_state, cinfo = compressor.apply(key_comp, grad - client_state.memory, client_state.compressor)
-        new_memory = client_state.memory + client_alpha(client_data.index) * compressor.decode(message)
-        return (QLSDPPClientState(comp_state, new_memory, reference, reference_grad, round_), message,
-                ClientInfo(bits=cinfo.bits))
-
     def server_step(key, server_state, uploads, mask, k):
-        gamma = server_step_size(step_size, k)
+        gamma = step_size_at(step_size, k)
         deltas = jax.vmap(compressor.decode)(uploads)
         drift = server_state.memory + jnp.tensordot(participation.weights(mask), deltas, axes=1)
-        position = langevin_update(key, model, server_state.position, drift, gamma)
-        position = participation_lib.hold_if_empty(participation, mask, position, server_state.position)
-        rates = mask.astype(jnp.float32) * jnp.broadcast_to(alpha, mask.shape)
-        new_memory = server_state.memory + jnp.tensordot(rates, deltas, axes=1)
-        # round k's broadcast carried the anchor iff k did not move it and some client may have been stale
-        carried = (k % refresh_every != 0) & ~server_state.synced if uses_anchor else jnp.zeros((), bool)
+        position = server_move(key, model, participation, server_state.position, drift, mask, gamma)
+        carried = anchor_travels(server_state.synced, k, refresh_every) if uses_anchor else jnp.zeros((), bool)
         bits = float_bits(server_state.position) + jnp.where(carried, float_bits(server_state.anchor), 0)
-        # after round k every active client holds grad U_i(zeta_k); the anchor of round k + 1:
-        moves = (k + 1) % refresh_every == 0
-        anchor = jnp.where(moves, position, server_state.anchor)
-        synced = ~moves & (jnp.all(mask) | server_state.synced)
-        new = QLSDPPState(position, new_memory, anchor, synced)
+        anchor, synced = next_anchor(server_state.anchor, server_state.synced, position, mask, k, refresh_every)
+        new = QLSDPPState(position, memory_sum_update(server_state.memory, deltas, mask, rate), anchor, synced)
         return new, QLSDPPBroadcast(position, anchor), ServerInfo(step_size=gamma, broadcast_bits=bits)
 
-    clients = per_client_count(sizes, compressor.omega(model.dim), alpha, probs,
-                               known=(participation.num_clients,))
+    probs = np.asarray(participation.probs, np.float64) if memory_update == "inverse_probability" else None
+    clients = per_client_count(sizes, compressor.omega(model.dim), alpha, probs, known=(participation.num_clients,))
     return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients)
 
 

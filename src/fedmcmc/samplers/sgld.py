@@ -21,8 +21,8 @@ from fedmcmc.core import checks
 from fedmcmc.estimators import gradients
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model
-from fedmcmc.samplers.common import (Broadcast, ClientInfo, ServerInfo,
-                                     langevin_update, server_step_size)
+from fedmcmc.samplers.integrators import langevin_step, step_size_at
+from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo
 
 
 class SGLDState(NamedTuple):
@@ -50,8 +50,9 @@ def sgld(model: Model, step_size, batch_size=None, name: str = "sgld") -> Federa
         return client_state, grad, ClientInfo(bits=jnp.zeros((), jnp.int32))
 
     def server_step(key, server_state, uploads, mask, k):
-        gamma = server_step_size(step_size, k)
-        position = langevin_update(key, model, server_state.position, jnp.sum(uploads, axis=0), gamma)
+        gamma = step_size_at(step_size, k)
+        theta = server_state.position
+        position = langevin_step(key, theta, jnp.sum(uploads, axis=0) - jax.grad(model.log_prior)(theta), gamma)
         return SGLDState(position), Broadcast(position), ServerInfo(step_size=gamma, broadcast_bits=jnp.zeros((), jnp.int32))
 
     return FederatedSampler(init, client_init, client_step, server_step, participation_lib.full(), name)

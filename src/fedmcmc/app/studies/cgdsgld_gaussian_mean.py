@@ -24,7 +24,7 @@ two bugs, see docs/reproductions.md).
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +32,8 @@ import numpy as np
 from fedmcmc.runtime import io
 from fedmcmc.app import problems
 from fedmcmc.estimators import surrogates
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.samplers import cg_dsgld, dsgld, sgld
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "cgdsgld-gaussian-mean"
 SUMMARY = "DSGLD vs CG-DSGLD (FSGLD) on 10 Gaussian blobs: MSE against samples, scatter, eps/gamma (FSGLD Sec. 5.1)"
@@ -75,11 +74,7 @@ def epsilon_gamma(data, cfg: dict) -> dict:
     return {"epsilon_squared": eps, "gamma_squared": gam}
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
-    out = Path(out)
-    started = time.perf_counter()
+def science(cfg: dict, run: Run) -> Findings:
     data, model, post = blobs_problem(cfg)
     f = np.full(cfg["num_shards"], 1.0 / cfg["num_shards"])
     theta0 = np.zeros(2)
@@ -99,9 +94,9 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
                 sampler = dsgld(model, f, cfg["step_size"], local, **common)
             else:
                 sampler = cg_dsgld(model, f, cfg["step_size"], local, surrogate=surrogates.taylor("full"), **common)
-            res = simulate(cfg["seed"], sampler, data, theta0, rounds, num_chains=cfg["num_chains"],
-                           burn_in=cfg["burn_in"] // local, thinning=thinning, progress=progress,
-                           description=label, resume=resume, out_dir=out / "runs" / f"{method}-L{local}")
+            res = run.simulate(cfg["seed"], sampler, data, theta0, rounds, num_chains=cfg["num_chains"],
+                               burn_in=cfg["burn_in"] // local, thinning=thinning, description=label,
+                               folder=f"{method}-L{local}")
             ends, mse, se = running_mse(res.samples, post.mean, cfg["curve_points"])
             per[method] = {
                 "mse": float(mse[-1]),
@@ -119,30 +114,27 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         results[str(local)] = per
 
     # the centralised baseline with the same step, minibatch, length and thinning
-    base = simulate(cfg["seed"], sgld(model, cfg["step_size"] / 2, batch_size=cfg["batch_size"]), data.pooled(),
-                    theta0, cfg["iterations"], num_chains=cfg["num_chains"], burn_in=cfg["burn_in"],
-                    thinning=cfg["thinning"], progress=progress, description="SGLD", resume=resume,
-                    out_dir=out / "runs" / "SGLD")
+    base = run.simulate(cfg["seed"], sgld(model, cfg["step_size"] / 2, batch_size=cfg["batch_size"]),
+                        data.pooled(), theta0, cfg["iterations"], num_chains=cfg["num_chains"], burn_in=cfg["burn_in"],
+                        thinning=cfg["thinning"], description="SGLD", folder="SGLD")
     ends, mse, se = running_mse(base.samples, post.mean, cfg["curve_points"])
     sgld_result = {"mse": float(mse[-1]), "mse_se": float(se[-1]),
                    "curve": {"samples": ends.tolist(), "mse": mse.tolist(), "se": se.tolist()}}
 
-    payload = {
-        "experiment": NAME,
-        "quick": quick,
-        "settings": cfg,
-        "posterior": {"mean": post.mean.tolist(), "var": post.var},
-        "local_updates": results,
-        "sgld": sgld_result,
-        "epsilon_gamma": epsilon_gamma(data, cfg),
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    io.write_posterior(out / "posterior.nc", kept, attrs={"experiment": NAME, "quick": quick})
-    plot_mse(out / "mse_vs_samples.png", results, sgld_result, cfg, quick)
-    plot_scatter(out / "scatter.png", kept, data, post, cfg)
-    plot_epsilon_gamma(out / "epsilon_gamma.png", payload["epsilon_gamma"])
-    return payload
+    eg = epsilon_gamma(data, cfg)
+    return Findings(
+        settings=cfg,
+        results={
+            "posterior": {"mean": post.mean.tolist(), "var": post.var},
+            "local_updates": results,
+            "sgld": sgld_result,
+            "epsilon_gamma": eg,
+        },
+        posterior=kept,
+        figures={"mse_vs_samples.png": partial(plot_mse, results=results, sgld_result=sgld_result, cfg=cfg,
+                                              quick=run.quick),
+                 "scatter.png": partial(plot_scatter, kept=kept, data=data, post=post, cfg=cfg),
+                 "epsilon_gamma.png": partial(plot_epsilon_gamma, eg=eg)})
 
 
 def plot_mse(path: Path, results: dict, sgld_result: dict, cfg: dict, quick: bool):

@@ -20,19 +20,17 @@ split, which removes the split-to-split variation.
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from fedmcmc.runtime import io
 from fedmcmc.estimators import surrogates
-from fedmcmc.data.federated import from_clients
-from fedmcmc.data.regression import load_regression, shard_by_target, train_test_split
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.data import from_clients, load_dataset, partition, split_and_standardise, with_intercept
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import linear_regression, linear_regression_posterior
 from fedmcmc.samplers import cg_dsgld, dsgld
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "cgdsgld-linear-regression"
 SUMMARY = "DSGLD vs CG-DSGLD on Bayesian linear regression, UCI Concrete and diabetes, 10 shards by target (FSGLD App. F.1)"
@@ -48,11 +46,10 @@ TAGS = dict(zip(METHODS, ("dsgld", "cg-exact", "cg-sgld-diag")))
 
 def problem(name: str, seed: int, cfg: dict):
     """Shards, model, exact posterior, test set and step sizes for one split."""
-    x, y, _ = load_regression(name)
-    split = train_test_split(x, y, seed, cfg["test_fraction"])
+    split = with_intercept(split_and_standardise(load_dataset(name, task="regression"), seed, cfg["test_fraction"]))
     beta = np.linalg.lstsq(split.x_train, split.y_train, rcond=None)[0]
     noise = float(np.std(split.y_train - split.x_train @ beta))
-    shards = shard_by_target(split.x_train, split.y_train, cfg["num_shards"])
+    shards = partition.shard_by_target(split.x_train, split.y_train, cfg["num_shards"])
     data = from_clients(shards)
     model = linear_regression(split.x_train.shape[1], noise_scale=noise, prior_scale=cfg["prior_scale"])
     post = linear_regression_posterior(data, noise, cfg["prior_scale"])
@@ -72,11 +69,7 @@ def test_mse_curve(samples: np.ndarray, split, points: int):
     return ends, err.mean(axis=1) * split.y_scale**2
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
-    out = Path(out)
-    started = time.perf_counter()
+def science(cfg: dict, run: Run) -> Findings:
     f = np.full(cfg["num_shards"], 1.0 / cfg["num_shards"])
     per_dataset = {}
     for name in cfg["datasets"]:
@@ -102,10 +95,9 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
                         fit = surrogates.taylor("full") if "exact" in method else fitted
                         sampler = cg_dsgld(model, f, h, local, surrogate=fit, **common)
                     tag = f"{name}-s{split_seed}-L{local}-{TAGS[method]}"
-                    res = simulate(split_seed, sampler, data, np.zeros(model.dim), cfg["iterations"] // local,
-                                   burn_in=cfg["burn_in"] // local, thinning=max(1, cfg["thinning"] // local),
-                                   progress=progress, description=common["name"], resume=resume,
-                                   out_dir=out / "runs" / tag)
+                    res = run.simulate(split_seed, sampler, data, np.zeros(model.dim), cfg["iterations"] // local,
+                                       burn_in=cfg["burn_in"] // local, thinning=max(1, cfg["thinning"] // local),
+                                       description=common["name"], folder=tag)
                     ends, curve = test_mse_curve(res.samples, split, cfg["curve_points"])
                     curves[str(local)][method].append(curve)
                     if k == 0:
@@ -129,13 +121,9 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
                                                           "var": float(np.var(reference, ddof=1)) if len(reference) > 1 else float("nan"),
                                                           "per_seed": reference},
                              "local_updates": table, "splits": splits}
-        io.write_posterior(out / f"posterior_{name}.nc", first, attrs={"experiment": NAME, "dataset": name,
-                                                                      "split_seed": cfg["seed"], "quick": quick})
-    payload = {"experiment": NAME, "quick": quick, "settings": cfg, "datasets": per_dataset,
-               "wall_seconds": time.perf_counter() - started}
-    io.write_json(out / "results.json", payload)
-    plot(out / "test_mse_vs_samples.png", per_dataset, cfg, quick)
-    return payload
+        run.write_posterior(f"posterior_{name}.nc", first, dataset=name, split_seed=cfg["seed"])
+    return Findings(settings=cfg, results={"datasets": per_dataset}, figures={
+        "test_mse_vs_samples.png": partial(plot, per_dataset=per_dataset, cfg=cfg, quick=run.quick)})
 
 
 def plot(path: Path, per_dataset: dict, cfg: dict, quick: bool):

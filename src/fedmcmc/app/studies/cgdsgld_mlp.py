@@ -44,21 +44,20 @@ every 200th step (the paper every 2nd), over 6 seeds (the paper 10);
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import jax
 import numpy as np
 
 from fedmcmc.runtime import io
-from fedmcmc.evaluation import predictive
+from fedmcmc import evaluation
 from fedmcmc.estimators import surrogates
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification, split_and_standardise
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.data import load_dataset, partition, split_and_standardise
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import initial_position, mlp, mlp_layout
 from fedmcmc.samplers import cg_dsgld, dsgld, sgld
-from fedmcmc.runtime.simulator import DivergenceError, simulate
+from fedmcmc import DivergenceError
 
 NAME = "cgdsgld-mlp"
 SUMMARY = ("SGLD, DSGLD and FSGLD on a Bayesian MLP (hidden 18-18-8), KEEL MAGIC, 30 shards with Beta(100, 100) "
@@ -87,15 +86,15 @@ def partition_label(a: float) -> str:
 def log_likelihood_per_datum(model, samples, x, y) -> float:
     """``(1/n) sum_i log((1/T) sum_t p(y_i | x_i, theta_t))``: the log predictive density per
     datum of the model average of the draws ``samples[..., d]`` (minus the log loss)."""
-    return -predictive.nll(predictive.predict_bma(model, samples, x), y)
+    return -evaluation.nll(evaluation.predict_bma(model, samples, x), y)
 
 
 def log_likelihood_per_draw(model, samples, x, y, chunk: int = 256) -> float:
     """``(1/T) sum_t (1/n) sum_i log p(y_i | x_i, theta_t)``: the mean over the draws of each
     draw's log-likelihood per datum (at most the model average's, by Jensen)."""
     theta = np.asarray(samples).reshape(-1, np.shape(samples)[-1])
-    return float(np.mean([-predictive.nll(p, y) for i in range(0, len(theta), chunk)
-                          for p in predictive.predict_draws(model, theta[i:i + chunk], x)]))
+    return float(np.mean([-evaluation.nll(p, y) for i in range(0, len(theta), chunk)
+                          for p in evaluation.predict_draws(model, theta[i:i + chunk], x)]))
 
 
 def balanced(seed: int, y) -> np.ndarray:
@@ -137,15 +136,13 @@ def problem(dataset, seed: int, a: float, cfg: dict):
     return split, parts, data, (split.x_train[used], split.y_train[used]), model, theta0
 
 
-def sample(method: str, seed: int, data, model, theta0, cfg: dict, out: Path, tag: str, progress: bool,
-           resume: bool):
-    """Run one method (one chain) and return its :class:`~fedmcmc.runtime.simulator.SimulationResult`."""
+def sample(method: str, seed: int, data, model, theta0, cfg: dict, run: Run, tag: str):
+    """Run one method (one chain) and return its :class:`~fedmcmc.SimulationResult`."""
     h, local, m, s = cfg["step_size"], cfg["local_updates"], cfg["batch_size"], cfg["num_shards"]
-    common = dict(progress=progress, description=f"{tag} {method}", resume=resume,
-                  out_dir=out / "runs" / f"{tag}-{method}")
+    common = dict(description=f"{tag} {method}", folder=f"{tag}-{method}")
     if method == "SGLD":  # sgld's step gamma moves theta by -gamma grad U + sqrt(2 gamma) Z: gamma = h / 2
-        res = simulate(seed, sgld(model, h / 2, batch_size=m), data.pooled(), theta0, cfg["iterations"],
-                       burn_in=cfg["burn_in"], thinning=cfg["thinning"], **common)
+        res = run.simulate(seed, sgld(model, h / 2, batch_size=m), data.pooled(), theta0, cfg["iterations"],
+                           burn_in=cfg["burn_in"], thinning=cfg["thinning"], **common)
     else:
         f = np.full(s, 1.0 / s)
         record = min(local, cfg["thinning"])
@@ -156,8 +153,8 @@ def sample(method: str, seed: int, data, model, theta0, cfg: dict, out: Path, ta
                                           cfg["surrogate_burn_in"], "diag", batch_size=m)
             sampler = cg_dsgld(model, f, h, local, surrogate=fit, batch_size=m, record_every=record,
                                alpha=cfg["alpha"], likelihood_only=cfg["likelihood_only"])
-        res = simulate(seed, sampler, data, theta0, cfg["iterations"] // local, burn_in=cfg["burn_in"] // local,
-                       thinning=max(1, cfg["thinning"] // local), **common)
+        res = run.simulate(seed, sampler, data, theta0, cfg["iterations"] // local, burn_in=cfg["burn_in"] // local,
+                           thinning=max(1, cfg["thinning"] // local), **common)
     return res
 
 
@@ -170,13 +167,9 @@ def _stats(values) -> dict:
             "per_seed": v.tolist(), "diverged": int(v.size - ok.size)}
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
+def science(cfg: dict, run: Run) -> Findings:
     _check(cfg)
-    out = Path(out)
-    started = time.perf_counter()
-    dataset = load_classification(cfg["dataset"])
+    dataset = load_dataset(cfg["dataset"], task="classification")
     if dataset.num_classes != 2:
         raise ValueError(f"{cfg['dataset']} has {dataset.num_classes} classes; this study needs a binary data set "
                          "(e.g. keel:magic, keel:twonorm or breast-cancer)")
@@ -192,20 +185,19 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             sizes.append(int(data.total))
             for method in cfg["methods"]:
                 try:
-                    res = sample(method, run_seed, data, model, theta0, cfg, out, f"a{a:g}-s{run_seed}", progress,
-                                 resume)
+                    res = sample(method, run_seed, data, model, theta0, cfg, run, f"a{a:g}-s{run_seed}")
                 except DivergenceError:  # reported as NaN for this seed, counted in "diverged"
                     for key in METRICS:
                         values[method][key].append(float("nan"))
                     continue
                 # one pass over train and test points: the model average of the kept draws
-                probs = predictive.predict_bma(model, res.samples[0], np.concatenate([x_tr, split.x_test]))
+                probs = evaluation.predict_bma(model, res.samples[0], np.concatenate([x_tr, split.x_test]))
                 for name, p, x, y in (("train", probs[:len(y_tr)], x_tr, y_tr),
                                       ("test", probs[len(y_tr):], split.x_test, split.y_test)):
-                    values[method][f"{name}_log_likelihood"].append(-predictive.nll(p, y))
+                    values[method][f"{name}_log_likelihood"].append(-evaluation.nll(p, y))
                     values[method][f"{name}_log_likelihood_per_draw"].append(
                         log_likelihood_per_draw(model, res.samples[0], x, y))
-                    values[method][f"{name}_accuracy"].append(predictive.accuracy(p, y))
+                    values[method][f"{name}_accuracy"].append(evaluation.accuracy(p, y))
                 if k == 0:
                     first[f"{label} {method}"] = res
         partitions[label] = {
@@ -214,14 +206,13 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             "methods": {mt: {key: _stats(v) for key, v in vals.items()} for mt, vals in values.items()},
         }
     if first:
-        io.write_posterior(out / "posterior.nc", first, attrs={"experiment": NAME, "seed": cfg["seed"], "quick": quick})
-    payload = {"experiment": NAME, "quick": quick, "settings": cfg, "dataset": dataset.summary(),
-               "model": {"name": model.name, "dim": model.dim}, "partitions": partitions,
-               "paper_table_1": PAPER, "coin_log_likelihood": float(np.log(0.5)),
-               "wall_seconds": time.perf_counter() - started}
-    io.write_json(out / "results.json", payload)
-    plot(out / "log_likelihood.png", partitions, cfg, quick)
-    return payload
+        run.write_posterior("posterior.nc", first, seed=cfg["seed"])
+    return Findings(settings=cfg,
+                    results={"dataset": dataset.summary(), "model": {"name": model.name, "dim": model.dim},
+                             "partitions": partitions, "paper_table_1": PAPER,
+                             "coin_log_likelihood": float(np.log(0.5))},
+                    figures={"log_likelihood.png": partial(plot, partitions=partitions, cfg=cfg,
+                                                           quick=run.quick)})
 
 
 def plot(path: Path, partitions: dict, cfg: dict, quick: bool):

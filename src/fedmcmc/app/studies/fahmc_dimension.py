@@ -30,7 +30,7 @@ exponent alpha of t_eps/T = c d^alpha (least squares on logs), the least-squares
 from __future__ import annotations
 
 import math
-import time
+from functools import partial
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -39,11 +39,10 @@ import numpy as np
 from fedmcmc.runtime import io
 from fedmcmc.evaluation import distances as metrics
 from fedmcmc.data.synthetic import heterogeneous_local_posteriors
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.evaluation.laws import fa_hmc_law
 from fedmcmc.models import gaussian_factors, gaussian_factors_posterior
 from fedmcmc.samplers import fa_hmc
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "fahmc-dimension"
 SUMMARY = "FA-HMC: rounds to reach W2^2 < 0.1 against dimension, heterogeneous Gaussian (FA-HMC Fig. 2)"
@@ -93,23 +92,18 @@ def fit(dims, rounds) -> dict:
             "ratio": {str(int(x)): float(y / x) for x, y in zip(d, r2)}}
 
 
-def sampled(cfg: dict, d: int, data, rounds: int, out: Path, progress: bool, resume: bool):
+def sampled(cfg: dict, d: int, data, rounds: int, run: Run):
     """Pooled mean and variance of theta after each round from ``num_chains`` runs, and the run."""
     sampler = fa_hmc(gaussian_factors(d), data.weights, step_size_for(cfg, d), cfg["num_leapfrog"],
                      cfg["local_steps"], correlation=cfg["correlation"], name=f"d={d}")
-    res = simulate(cfg["seed"], sampler, data, np.zeros(d), rounds, num_chains=cfg["num_chains"], thinning=rounds,
-                   statistic=coordinate_moments, progress=progress, description=f"d={d}", resume=resume,
-                   out_dir=out / "runs" / f"d{d}")
+    res = run.simulate(cfg["seed"], sampler, data, np.zeros(d), rounds, num_chains=cfg["num_chains"],
+                       thinning=rounds, statistic=coordinate_moments, description=f"d={d}", folder=f"d{d}")
     m = res.statistics[..., 0].mean(axis=0)  # pooled over chains and coordinates, per round
     return m, res.statistics[..., 1].mean(axis=0) - m**2, res
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
-    out = Path(out)
-    started = time.perf_counter()
-    per_d, kept = {}, {}
+def science(cfg: dict, run: Run) -> Findings:
+    per_d = {}
     for d in sorted({int(x) for x in list(cfg["dims"]) + list(cfg["sample_dims"])}):
         data = heterogeneous_local_posteriors(d)
         post = gaussian_factors_posterior(data)
@@ -123,7 +117,7 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         if d in {int(x) for x in cfg["sample_dims"]}:
             rounds = int(min(cfg["max_rounds"],
                              max(cfg["min_rounds"], math.ceil(cfg["overrun"] * min(exact_rounds, cfg["max_rounds"])))))
-            m, var, res = sampled(cfg, d, data, rounds, out, progress, resume)
+            m, var, res = sampled(cfg, d, data, rounds, run)
             w2 = w2_squared(d, m, var)
             every = max(1, rounds // 200)
             n = cfg["num_chains"] * d  # independent draws pooled
@@ -140,27 +134,22 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
                           "every": every},
                 "sampler_seconds": res.wall_seconds,
             })
-            kept[f"d={d}"] = res
+            # one file per dimension: ArviZ stores runs of one shape together
+            run.write_posterior(f"runs/d{d}/posterior.nc", {f"d={d}": res})
         per_d[str(d)] = entry
     exact_dims = sorted(int(d) for d in cfg["dims"])
     sample_dims = sorted(int(d) for d in cfg["sample_dims"])
-    payload = {
-        "experiment": NAME,
-        "quick": quick,
-        "settings": cfg,
-        "clock": "leapfrog",
-        "dims": per_d,
-        "fit": {"exact": fit(exact_dims, [per_d[str(d)]["exact_rounds"] for d in exact_dims]),
-                "sampled": fit(sample_dims, [per_d[str(d)]["rounds"] for d in sample_dims]),
-                "exact_on_sample_dims": fit(sample_dims, [per_d[str(d)]["exact_rounds"] for d in sample_dims])},
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    for label, res in kept.items():  # one file per dimension: ArviZ stores runs of one shape together
-        io.write_posterior(out / "runs" / label.replace("=", "") / "posterior.nc", {label: res},
-                           attrs={"experiment": NAME, "quick": quick})
-    plot(out / "rounds_vs_dimension.png", per_d, payload["fit"], cfg, quick)
-    return payload
+    fits = {"exact": fit(exact_dims, [per_d[str(d)]["exact_rounds"] for d in exact_dims]),
+            "sampled": fit(sample_dims, [per_d[str(d)]["rounds"] for d in sample_dims]),
+            "exact_on_sample_dims": fit(sample_dims, [per_d[str(d)]["exact_rounds"] for d in sample_dims])}
+    return Findings(
+        settings=cfg,
+        results={
+            "clock": "leapfrog",
+            "dims": per_d,
+            "fit": fits,
+        },
+        figures={"rounds_vs_dimension.png": partial(plot, per_d=per_d, fits=fits, cfg=cfg, quick=run.quick)})
 
 
 def plot(path: Path, per_d: dict, fits: dict, cfg: dict, quick: bool):

@@ -35,7 +35,7 @@ of the round-r law against the posterior.
 from __future__ import annotations
 
 import math
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +43,9 @@ import numpy as np
 from fedmcmc.runtime import io
 from fedmcmc.evaluation import distances as metrics
 from fedmcmc.app.studies.fahmc_vs_fald import FULL as LOGISTIC, logistic_problem, logistic_reference, reference_floor
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.evaluation.laws import fa_hmc_law
 from fedmcmc.samplers import fa_hmc
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "fahmc-local-steps"
 SUMMARY = "FA-HMC: communication rounds to reach a marginal error against local steps T (FA-HMC Fig. 1 c)"
@@ -98,14 +97,10 @@ def gaussian_rounds(cfg: dict) -> dict:
     return out
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
+def science(cfg: dict, run: Run) -> Findings:
     if any(int(t) != t or t < 1 for t in cfg["local_steps"]) or cfg["sample_every"] < 1:
         raise ValueError(f"local_steps and sample_every must be positive integers (got {cfg['local_steps']}, "
                          f"{cfg['sample_every']})")
-    out = Path(out)
-    started = time.perf_counter()
     data, model = logistic_problem(cfg)
     ref = logistic_reference(cfg, model, data)
     ref_draws = ref.samples.reshape(-1, model.dim)
@@ -118,9 +113,8 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         sampler = fa_hmc(model, data.weights, cfg["step_size"], cfg["num_leapfrog"], t,
                          correlation=cfg["correlation"], gradient_noise=cfg["gradient_noise"], name=label,
                          clock="leapfrog")
-        res = simulate(cfg["seed"], sampler, data, np.zeros(model.dim), rounds, num_chains=cfg["num_chains"],
-                       thinning=cfg["sample_every"], progress=progress, description=label, resume=resume,
-                       out_dir=out / "runs" / f"T{t}")
+        res = run.simulate(cfg["seed"], sampler, data, np.zeros(model.dim), rounds, num_chains=cfg["num_chains"],
+                           thinning=cfg["sample_every"], description=label, folder=f"T{t}")
         samples = res.samples.reshape(cfg["num_chains"], -1, model.dim)
         ends, curve = running_me(samples, ref_sorted, cfg["curve_points"])
         curve_rounds = ends * cfg["sample_every"]
@@ -135,23 +129,18 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             "sampler_seconds": res.wall_seconds,
         }
         # runs of different lengths: one posterior file each
-        io.write_posterior(out / "runs" / f"T{t}" / "posterior.nc", {label: res},
-                           attrs={"experiment": NAME, "quick": quick, "local_steps": t})
+        run.write_posterior(f"runs/T{t}/posterior.nc", {label: res}, local_steps=t)
 
     gauss = gaussian_rounds(cfg)
-    payload = {
-        "experiment": NAME,
-        "quick": quick,
-        "settings": {**cfg, "clock": "leapfrog", "momentum_sync": "local"},
-        "reference": {"draws": int(ref_draws.shape[0]), "max_rhat": ref.rhat, "min_ess": ref.ess,
-                      "cached": ref.cached},
-        "local_steps": per_t,
-        "gaussian_exact": gauss,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    plot(out / "rounds_vs_local_steps.png", per_t, gauss, cfg, quick)
-    return payload
+    return Findings(
+        settings={**cfg, "clock": "leapfrog", "momentum_sync": "local"},
+        results={
+            "reference": {"draws": int(ref_draws.shape[0]), "max_rhat": ref.rhat, "min_ess": ref.ess,
+                          "cached": ref.cached},
+            "local_steps": per_t,
+            "gaussian_exact": gauss,
+        },
+        figures={"rounds_vs_local_steps.png": partial(plot, per_t=per_t, gauss=gauss, cfg=cfg, quick=run.quick)})
 
 
 def plot(path: Path, per_t: dict, gauss: dict, cfg: dict, quick: bool):

@@ -39,19 +39,18 @@ minibatches of 100, two runs and ten rounds: a smoke test of the pipeline, not a
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from fedmcmc.runtime import io
-from fedmcmc.evaluation import distances as metrics, predictive
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification, pca_project, split_and_standardise
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc import evaluation
+from fedmcmc.evaluation import distances as metrics
+from fedmcmc.data import load_dataset, partition, pca_project, split_and_standardise
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models.softmax import multinomial_logistic_regression
 from fedmcmc.samplers import fa_hmc
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "fahmc-logistic"
 SUMMARY = ("FA-HMC, softmax regression on Fashion-MNIST: accuracy, Brier, ECE, NLL of the BMA against "
@@ -75,7 +74,7 @@ def load_problem(cfg: dict, make_model=None):
     Raises the loader's FileNotFoundError (which says how to install the files) when
     Fashion-MNIST is missing.
     """
-    split = split_and_standardise(load_classification(cfg["dataset"]), cfg["seed"])
+    split = split_and_standardise(load_dataset(cfg["dataset"], task="classification"), cfg["seed"])
     if cfg["train_subset"]:
         split = split._replace(x_train=split.x_train[:cfg["train_subset"]], y_train=split.y_train[:cfg["train_subset"]])
     if cfg["test_subset"]:
@@ -118,7 +117,7 @@ def label(k: int, t: int) -> str:
 
 def gradients_per_round(t: int) -> int:
     """Minibatch gradients a client draws in a round of ``t`` leapfrog steps: two per step
-    (Algorithm 1's fresh draw for each half-kick, :func:`fedmcmc.samplers.leapfrog.leapfrog_step`)."""
+    (Algorithm 1's fresh draw for each half-kick, :func:`fedmcmc.samplers.integrators.leapfrog_step`)."""
     return 2 * int(t)
 
 
@@ -137,50 +136,49 @@ def bma_curves(probs: np.ndarray, y: np.ndarray, ece_bins: int, burn_in: float =
         for r in range(1, num_rounds + 1):
             start = int(np.floor(burn_in * r))
             bma = (cum[r] - cum[start]) / (r - start)
-            out["accuracy"][c, r - 1] = predictive.accuracy(bma, y)
-            out["brier"][c, r - 1] = predictive.brier(bma, y)
-            out["ece"][c, r - 1] = predictive.ece(bma, y, ece_bins)
-            out["nll"][c, r - 1] = predictive.nll(bma, y)
+            out["accuracy"][c, r - 1] = evaluation.accuracy(bma, y)
+            out["brier"][c, r - 1] = evaluation.brier(bma, y)
+            out["ece"][c, r - 1] = evaluation.ece(bma, y, ece_bins)
+            out["nll"][c, r - 1] = evaluation.nll(bma, y)
     return out
 
 
 def sample(cfg: dict, data, model, test, k: int, t: int, step_size: float, num_rounds: int, num_runs: int,
-           seed: int, run_dir: Path | None, progress: bool, resume: bool, theta0=None):
-    """``num_runs`` independent FA-HMC chains from ``theta0`` (0 if None); their BMA curves and the
-    simulation result."""
+           seed: int, run: Run, folder: str | None, theta0=None):
+    """``num_runs`` independent FA-HMC chains from ``theta0`` (0 if None), run by ``run`` in
+    ``runs/folder``; their BMA curves and the simulation result."""
     x_test, y_test = test
     sampler = fa_hmc(model, data.weights, step_size, k, t, correlation=cfg["correlation"],
                      batch_size=cfg["batch_size"], momentum_sync=cfg["momentum_sync"], name=label(k, t))
     theta0 = np.zeros(model.dim) if theta0 is None else theta0
-    res = simulate(seed, sampler, data, theta0, num_rounds, num_chains=num_runs, progress=progress,
-                   description=f"{label(k, t)} eta={step_size:g}", resume=resume, out_dir=run_dir)
-    probs = predictive.predict_draws(model, res.samples, x_test).reshape(res.samples.shape[:2] + (len(y_test), -1))
+    res = run.simulate(seed, sampler, data, theta0, num_rounds, num_chains=num_runs,
+                       description=f"{label(k, t)} eta={step_size:g}", folder=folder)
+    probs = evaluation.predict_draws(model, res.samples, x_test).reshape(res.samples.shape[:2] + (len(y_test), -1))
     return bma_curves(probs, y_test, cfg["ece_bins"], cfg["bma_burn_in"]), res
 
 
-def tune(cfg: dict, data, model, test, k: int, t: int, theta0=None) -> tuple[float, dict]:
+def tune(cfg: dict, data, model, test, k: int, t: int, run: Run, theta0=None) -> tuple[float, dict]:
     """The eta of ``step_sizes`` with the lowest test NLL of a one-chain pilot's BMA at its last round
-    (no pilot when there is one eta)."""
+    (no pilot when there is one eta; pilots run in memory, without a progress bar)."""
     if len(cfg["step_sizes"]) == 1:
         return float(cfg["step_sizes"][0]), {}
-    pilot = {}
+    pilot, quiet = {}, run._replace(progress=False, resume=False)
     for eta in cfg["step_sizes"]:
         curves, _ = sample(cfg, data, model, test, k, t, float(eta), cfg["pilot_rounds"], 1, cfg["seed"] + 1,
-                           None, False, False, theta0)
+                           quiet, None, theta0)
         nll = float(curves["nll"][0, -1])
         pilot[f"{float(eta):g}"] = nll if np.isfinite(nll) else float("inf")
     best = min(cfg["step_sizes"], key=lambda e: pilot[f"{float(e):g}"])
     return float(best), pilot
 
 
-def run_setting(cfg: dict, data, model, test, k: int, t: int, out: Path, progress: bool, resume: bool,
-                theta0=None) -> dict:
+def run_setting(cfg: dict, data, model, test, k: int, t: int, run: Run, theta0=None) -> dict:
     """Tune eta, run ``num_runs`` chains of FA-HMC(K, T) from ``theta0``, score the BMA after each round."""
-    eta, pilot = tune(cfg, data, model, test, k, t, theta0)
-    run_dir = out / "runs" / f"K{k}_T{t}"
-    curves, res = sample(cfg, data, model, test, k, t, eta, cfg["rounds"], cfg["num_runs"], cfg["seed"], run_dir,
-                         progress, resume, theta0)
-    io.write_posterior(run_dir / "posterior.nc", {label(k, t): res}, attrs={"experiment": NAME, "quick": cfg["quick"]})
+    eta, pilot = tune(cfg, data, model, test, k, t, run, theta0)
+    folder = f"K{k}_T{t}"
+    curves, res = sample(cfg, data, model, test, k, t, eta, cfg["rounds"], cfg["num_runs"], cfg["seed"], run, folder,
+                         theta0)
+    run.write_posterior(f"runs/{folder}/posterior.nc", {label(k, t): res})
     per_round = gradients_per_round(t)
     rounds = np.arange(1, cfg["rounds"] + 1)
     mean = {m: curves[m].mean(axis=0) for m in METRICS}
@@ -217,47 +215,40 @@ def compare(results: dict, names: list[str], baseline: str | None) -> dict:
     return out
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = {**resolve(FULL, QUICK, quick, seed, settings), "quick": quick}
-    return study(NAME, cfg, Path(out), progress, resume, "softmax regression")
+def science(cfg: dict, run: Run) -> Findings:
+    return study(cfg, run, "softmax regression")
 
 
-def study(name: str, cfg: dict, out: Path, progress: bool, resume: bool, title: str, make_model=None,
-          initial=None) -> dict:
-    """Both sweeps of (K, T) on Fashion-MNIST, results.json and figures; shared with ``fahmc-mlp``.
+def study(cfg: dict, run: Run, title: str, make_model=None, initial=None) -> Findings:
+    """Both sweeps of (K, T) on Fashion-MNIST; shared with ``fahmc-mlp``.
 
     ``make_model`` as in :func:`load_problem`; ``initial(num_features, num_classes)`` gives the
     chains' start (0 if None).
     """
-    started = time.perf_counter()
     data, model, test, info = load_problem(cfg, make_model)
     theta0 = None if initial is None else initial(info["num_features"], info["num_classes"])
     results = {}
     for key, (k, t) in grid(cfg).items():
-        results[key] = run_setting(cfg, data, model, test, k, t, out, progress, resume, theta0)
+        results[key] = run_setting(cfg, data, model, test, k, t, run, theta0)
     groups = {"leapfrog": [label(int(k), int(cfg["sweep_local_steps"])) for k in cfg["leapfrog_sweep"]],
               "local_steps": [label(int(cfg["sweep_leapfrog"]), int(t)) for t in cfg["local_steps_sweep"]]}
-    payload = {
-        "experiment": name,
-        "quick": cfg["quick"],
-        "settings": {k: v for k, v in cfg.items() if k != "quick"},
-        "clock": "leapfrog",
-        "data": {**info, "model": model.name},
-        "bma": f"draws of rounds floor({cfg['bma_burn_in']} r)+1 .. r of each run; mean and sd over runs",
-        "groups": groups,
-        "comparison": {"leapfrog": compare(results, groups["leapfrog"], label(1, int(cfg["sweep_local_steps"]))),
-                       "local_steps": compare(results, groups["local_steps"], None)},
-        "runs": results,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    title = title + ("" if not cfg["quick"] else " (quick: subset, PCA)")
-    plot_group(out / "metrics_vs_rounds_leapfrog.png", results, groups["leapfrog"],
-               f"{title}, T = {cfg['sweep_local_steps']}, K varies")
-    plot_group(out / "metrics_vs_rounds_local_steps.png", results, groups["local_steps"],
-               f"{title}, K = {cfg['sweep_leapfrog']}, T varies")
-    return payload
+    title = title + ("" if not run.quick else " (quick: subset, PCA)")
+    figures = {"metrics_vs_rounds_leapfrog.png": partial(plot_group, results=results, names=groups["leapfrog"],
+                                                         title=f"{title}, T = {cfg['sweep_local_steps']}, K varies"),
+               "metrics_vs_rounds_local_steps.png": partial(plot_group, results=results, names=groups["local_steps"],
+                                                            title=f"{title}, K = {cfg['sweep_leapfrog']}, T varies")}
+    return Findings(
+        settings=cfg,
+        results={
+            "clock": "leapfrog",
+            "data": {**info, "model": model.name},
+            "bma": f"draws of rounds floor({cfg['bma_burn_in']} r)+1 .. r of each run; mean and sd over runs",
+            "groups": groups,
+            "comparison": {"leapfrog": compare(results, groups["leapfrog"], label(1, int(cfg["sweep_local_steps"]))),
+                           "local_steps": compare(results, groups["local_steps"], None)},
+            "runs": results,
+        },
+        figures=figures)
 
 
 _YLABELS = {"accuracy": "test accuracy (BMA)", "brier": "Brier score", "ece": "ECE", "nll": "NLL"}

@@ -27,13 +27,11 @@ images on 20 principal axes, a 20-16-8-10 network, minibatches of 100 and eight 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import numpy as np
 
 from fedmcmc.app.studies import fahmc_logistic
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import mlp, mlp_layout
 
 NAME = "fahmc-mlp"
@@ -47,9 +45,7 @@ QUICK = dict(FULL, train_subset=10000, test_subset=2000, pca_components=20, batc
              step_sizes=[2e-3, 4e-3], rounds=8, pilot_rounds=3, accuracy_targets=[0.7, 0.75])
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = {**resolve(FULL, QUICK, quick, seed, settings), "quick": quick}
+def science(cfg: dict, run: Run) -> Findings:
     hidden = tuple(int(h) for h in cfg["hidden"])
     if len(hidden) != 2:
         raise ValueError(f"hidden must give two layer widths, e.g. --set hidden=32,16 (got {cfg['hidden']!r})")
@@ -61,5 +57,4 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         layout = mlp_layout(num_features, hidden, num_classes, cfg["activation"])
         return np.asarray(layout.init(jax.random.PRNGKey(cfg["seed"])))
 
-    return fahmc_logistic.study(NAME, cfg, Path(out), progress, resume,
-                                f"{'-'.join(map(str, hidden))} ReLU MLP", make_model, initial)
+    return fahmc_logistic.study(cfg, run, f"{'-'.join(map(str, hidden))} ReLU MLP", make_model, initial)

@@ -40,7 +40,7 @@ steps hide. Run longer with ``--set rounds=...,burn_in=...,num_chains=...``.
 from __future__ import annotations
 
 import math
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -48,10 +48,10 @@ import numpy as np
 from fedmcmc.runtime import io
 from fedmcmc.evaluation import distances as metrics, reference
 from fedmcmc.data.synthetic import logistic_regression_data
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import logistic_regression
 from fedmcmc.samplers import fa_hmc
-from fedmcmc.runtime.simulator import DivergenceError, simulate
+from fedmcmc import DivergenceError
 
 NAME = "fahmc-vs-fald"
 SUMMARY = ("FA-HMC vs FA-LD at d = 1000: marginal error against step size, exact and noisy gradients "
@@ -126,15 +126,9 @@ def check(cfg: dict):
             raise ValueError(f"unknown {key} {sorted(unknown)}: choose among {', '.join(allowed)}")
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    return compare(resolve(FULL, QUICK, quick, seed, settings), Path(out), quick, progress, resume, NAME)
-
-
-def compare(cfg: dict, out: Path, quick: bool, progress: bool, resume: bool, name: str) -> dict:
-    """Run every method, gradient setting and step size of ``cfg`` and write the results."""
+def science(cfg: dict, run: Run) -> Findings:
+    """Run every method, gradient setting and step size of ``cfg``."""
     check(cfg)
-    started = time.perf_counter()
     data, model = logistic_problem(cfg)
     ref = logistic_reference(cfg, model, data)
     ref_draws = ref.samples.reshape(-1, model.dim)
@@ -163,9 +157,9 @@ def compare(cfg: dict, out: Path, quick: bool, progress: bool, resume: bool, nam
                 label = f"{setting}-{method}-eta{eta:g}-K{k}".replace(" ", "_")
                 record = dict(setting=setting, method=method, step_size=eta, num_leapfrog=k)
                 try:
-                    res = simulate(cfg["seed"], sampler, pooled if central else data, theta0, cfg["rounds"],
-                                   num_chains=cfg["num_chains"], burn_in=cfg["burn_in"], progress=progress,
-                                   description=label, resume=resume, out_dir=out / "runs" / label)
+                    res = run.simulate(cfg["seed"], sampler, pooled if central else data, theta0, cfg["rounds"],
+                                       num_chains=cfg["num_chains"], burn_in=cfg["burn_in"], description=label,
+                                       folder=label)
                 except DivergenceError:
                     runs.append(dict(record, me=float("inf"), me_se=float("nan"), diverged=True))
                     continue
@@ -185,27 +179,22 @@ def compare(cfg: dict, out: Path, quick: bool, progress: bool, resume: bool, nam
                     kept[key] = (record["me"], res)
 
     summary = summarise(best)
-    payload = {
-        "experiment": name,
-        "quick": quick,
-        "settings": {**cfg, "total_points": data.total, "clock": "leapfrog", "momentum_sync": "local",
-                     "leapfrog_rule": "K = floor(pi / (3 eta)) for eta <= 0.01, else tuned",
-                     "draws_per_group": group_draws, "draws_pooled": kept_draws * cfg["num_chains"]},
-        "reference": {"sampler": "NUTS (BlackJAX, window adaptation)", "draws": int(ref_draws.shape[0]),
-                      "max_rhat": ref.rhat, "min_ess": ref.ess, "divergences": ref.divergences,
-                      "seconds": ref.seconds, "cached": ref.cached},
-        "me_floor": floors,
-        "by_step_size": {s: {m: {f"{e:g}": v for e, v in sorted(best[s][m].items())} for m in best[s]} for s in best},
-        "summary": summary,
-        "runs": runs,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    if kept:
-        io.write_posterior(out / "posterior.nc", {k: v[1] for k, v in kept.items()},
-                           attrs={"experiment": name, "quick": quick})
-    plot(out / "me_vs_step_size.png", best, floors, cfg, quick)
-    return payload
+    return Findings(
+        settings={**cfg, "total_points": data.total, "clock": "leapfrog", "momentum_sync": "local",
+                  "leapfrog_rule": "K = floor(pi / (3 eta)) for eta <= 0.01, else tuned",
+                  "draws_per_group": group_draws, "draws_pooled": kept_draws * cfg["num_chains"]},
+        results={
+            "reference": {"sampler": "NUTS (BlackJAX, window adaptation)", "draws": int(ref_draws.shape[0]),
+                          "max_rhat": ref.rhat, "min_ess": ref.ess, "divergences": ref.divergences,
+                          "seconds": ref.seconds, "cached": ref.cached},
+            "me_floor": floors,
+            "by_step_size": {s: {m: {f"{e:g}": v for e, v in sorted(best[s][m].items())} for m in best[s]}
+                             for s in best},
+            "summary": summary,
+            "runs": runs,
+        },
+        posterior={k: v[1] for k, v in kept.items()},
+        figures={"me_vs_step_size.png": partial(plot, best=best, floors=floors, cfg=cfg, quick=run.quick)})
 
 
 def summarise(best: dict) -> dict:

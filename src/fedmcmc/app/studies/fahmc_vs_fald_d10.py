@@ -11,10 +11,7 @@ carries the d = 10 settings.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fedmcmc.app.studies import fahmc_vs_fald as base
-from fedmcmc.app.studies.settings import resolve
 
 NAME = "fahmc-vs-fald-d10"
 SUMMARY = "FA-HMC vs FA-LD at d = 10: marginal error against step size, noisy gradients (FA-HMC Fig. 1 d)"
@@ -24,7 +21,4 @@ FULL = dict(base.FULL, dim=10, gradients=["noisy"], step_sizes=[0.005, 0.01, 0.0
             reference_samples=5000, reference_chains=4, reference_warmup=1000)
 QUICK = dict(FULL, step_sizes=[0.01, 0.05, 0.2], tuned_k=[3], rounds=600, burn_in=300, num_chains=16, chain_groups=4)
 
-
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    return base.compare(resolve(FULL, QUICK, quick, seed, settings), Path(out), quick, progress, resume, NAME)
+science = base.science  # the same study; only the settings differ

@@ -30,20 +30,18 @@ others).
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from fedmcmc.runtime import io
-from fedmcmc.compression import quantization
-from fedmcmc.compression.quantization import quantization_omega
+from fedmcmc.compression import quantization, quantization_omega
 from fedmcmc.data.federated import from_clients
 from fedmcmc.app.studies.qlsd_omega import exact_mode, loglog_slope
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models.gaussian import gaussian_mean, gaussian_mean_posterior
 from fedmcmc.samplers import qlsd_pp, qlsd_sharp, qlsd_star
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "qlsd-big-data"
 SUMMARY = "QLSD#/QLSD*/QLSD++ with gamma = eta / N, N over 1.5 decades: bias against the exact posterior (QLSD Table 2)"
@@ -71,15 +69,11 @@ def clients_for(seed: int, total: int, shares, means):
     return from_clients([rng.normal(mu, 1.0, size=(int(k), len(mu))) for k, mu in zip(counts, means)])
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
+def science(cfg: dict, run: Run) -> Findings:
     if not 0 <= cfg["burn_in"] < cfg["num_iterations"]:
         raise ValueError(f"burn_in ({cfg['burn_in']}) must lie in [0, num_iterations = {cfg['num_iterations']})")
     if not 0 < cfg["eta"] < 1:
         raise ValueError(f"eta = gamma N must lie in (0, 1) for a stable chain (got {cfg['eta']})")
-    out = Path(out)
-    started = time.perf_counter()
     d = int(cfg["dim"])
     shares, means = client_setup(cfg["seed"], cfg["num_clients"], d, cfg["mean_spread"])
     batch = np.maximum(np.floor(shares * cfg["total_batch"]).astype(int), 1)
@@ -108,10 +102,9 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
                 "QLSD++": lambda: qlsd_pp(model, gamma, batch, compressor, refresh_every=cfg["refresh_every"],
                                           name="QLSD++")}
         for label in rows:
-            res = simulate(cfg["seed"], make[label](), data, centre, cfg["num_iterations"],
-                           num_chains=cfg["num_chains"], burn_in=cfg["burn_in"], thinning=cfg["num_iterations"],
-                           statistic=sq_dist, progress=progress, description=f"{label}, N={n}", resume=resume,
-                           out_dir=out / "runs" / f"N{n}-{label.translate(TAGS)}")
+            res = run.simulate(cfg["seed"], make[label](), data, centre, cfg["num_iterations"],
+                               num_chains=cfg["num_chains"], burn_in=cfg["burn_in"], thinning=cfg["num_iterations"],
+                               statistic=sq_dist, description=f"{label}, N={n}", folder=f"N{n}-{label.translate(TAGS)}")
             m2 = res.statistics.astype(np.float64).mean(axis=1)  # [chain]
             m, se = float(m2.mean()), float(m2.std(ddof=1) / np.sqrt(len(m2)))
             rows[label].append({"N": n, "step_size": gamma, "second_moment": m, "second_moment_se": se,
@@ -130,20 +123,14 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             fits[label] = {"slope_vs_N": slope, "slope_vs_N_se": slope_se, "points": [x["N"] for x in ok]}
         else:
             fits[label] = {"slope_vs_N": None, "points": [x["N"] for x in ok]}
-    payload = {
-        "experiment": NAME,
-        "quick": quick,
-        "settings": {**cfg, "shares": shares.tolist(), "batch_sizes": batch.tolist(),
-                     "omega": float(quantization_omega(int(cfg["levels"]), d))},
-        "paper_claim": "gamma = eta / N: the W2^2 bias of QLSD# is O(1) (does not vanish); of QLSD* and QLSD++ "
-                       "O(1 / N) (vanishes)",
-        "methods": rows,
-        "fits": fits,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    plot(out / "bias_vs_N.png", rows, quick)
-    return payload
+    return Findings(
+        settings={**cfg, "shares": shares.tolist(), "batch_sizes": batch.tolist(),
+                  "omega": float(quantization_omega(int(cfg["levels"]), d))},
+        results={"paper_claim": "gamma = eta / N: the W2^2 bias of QLSD# is O(1) (does not vanish); of QLSD* and "
+                                "QLSD++ O(1 / N) (vanishes)",
+                 "methods": rows,
+                 "fits": fits},
+        figures={"bias_vs_N.png": partial(plot, rows=rows, quick=run.quick)})
 
 
 def plot(path: Path, rows: dict, quick: bool):

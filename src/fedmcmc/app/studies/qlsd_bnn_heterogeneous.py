@@ -45,23 +45,20 @@ Fashion-MNIST). ``PAPER`` holds Table S2's numbers (written to results.json besi
 from __future__ import annotations
 
 import math
-import time
-from pathlib import Path
+from functools import partial
 
 import jax
 import numpy as np
 
-from fedmcmc.runtime import io
 from fedmcmc.samplers import participation
-from fedmcmc.evaluation import predictive
+from fedmcmc import evaluation
 from fedmcmc.estimators import surrogates
 from fedmcmc.compression import quantization
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification, split_and_standardise
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.data import load_dataset, partition, split_and_standardise
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import lenet5, lenet5_layout, mlp, mlp_layout
 from fedmcmc.samplers import cg_dsgld, dsgld, psgld, qlsd_pp, qlsd_sharp, sgld
-from fedmcmc.runtime.simulator import DivergenceError, simulate
+from fedmcmc import DivergenceError
 
 NAME = "qlsd-bnn-heterogeneous"
 SUMMARY = ("BNN on MNIST-5k over 20 dominant-label clients: SGLD, pSGLD, QLSD(+PP), QLSD++(+PP), FSGLD; "
@@ -110,7 +107,7 @@ def _subset(rng: np.random.Generator, y: np.ndarray, n: int | None) -> np.ndarra
 def problem(cfg: dict):
     """Training clients, test set and OOD inputs, as numpy arrays (see the module docstring)."""
     rng = np.random.default_rng(cfg["seed"])
-    ds = load_classification(cfg["dataset"])
+    ds = load_dataset(cfg["dataset"], task="classification")
     split = split_and_standardise(ds, cfg["seed"], test_fraction=0.2, standardise="none")
     keep = _subset(rng, split.y_train, cfg["num_train"])
     x_train, y_train = downsample(split.x_train[keep], cfg["image_size"]), split.y_train[keep]
@@ -119,7 +116,7 @@ def problem(cfg: dict):
     ood_name = OTHER.get(cfg["dataset"]) if cfg["ood_dataset"] == "auto" else cfg["ood_dataset"]
     if ood_name is None:
         raise ValueError(f"no default OOD set for {cfg['dataset']!r}: give --set ood_dataset=NAME")
-    ood = load_classification(ood_name)
+    ood = load_dataset(ood_name, task="classification")
     ood_x, ood_y = ood.test if ood.test is not None else (ood.x, ood.y)
     ood_x = downsample(ood_x[_subset(rng, ood_y, cfg["num_ood"])], cfg["image_size"])
     parts = partition.dominant_label(cfg["seed"], y_train, cfg["num_clients"], cfg["dominant"], cfg["other"],
@@ -179,19 +176,19 @@ def samplers(cfg: dict, model, data):
     }
 
 
-def warm_start(cfg: dict, model, data, theta0, progress: bool, resume: bool, out: Path):
+def warm_start(cfg: dict, model, data, theta0, run: Run):
     """FSGLD's common warm start: ``warm_start_rounds`` rounds of federated SGLD from ``theta0``
     (every client uploads its uncompressed minibatch gradient, ``batch_size`` points; the
     server takes the QLSD step, i.e. LSD# with full participation), the last iterate kept.
     Returns ``(theta, point gradients spent, seconds)``."""
     rounds = int(cfg["warm_start_rounds"])
     sampler = qlsd_sharp(model, cfg["lr"] / data.total, int(cfg["batch_size"]), name="fed-sgld")
-    res = simulate(cfg["seed"], sampler, data, theta0, rounds, burn_in=rounds - 1, thinning=1, progress=progress,
-                   description="warm start (federated SGLD)", resume=resume, out_dir=out / "runs" / "warm-start")
+    res = run.simulate(cfg["seed"], sampler, data, theta0, rounds, burn_in=rounds - 1, thinning=1,
+                       description="warm start (federated SGLD)", folder="warm-start")
     return res.samples[0, -1], float(rounds * data.num_clients * int(cfg["batch_size"])), res.wall_seconds
 
 
-def check(cfg: dict) -> dict:
+def check(cfg: dict) -> None:
     """Reject inconsistent settings before any data is loaded (one-line messages)."""
     k, burn, thin, l_steps = cfg["iterations"], cfg["burn_in"], cfg["thinning"], int(cfg["local_steps"])
     if not 0 <= burn < k or k % thin or burn % thin:
@@ -209,14 +206,10 @@ def check(cfg: dict) -> dict:
         raise ValueError(f"FSGLD (warm) needs warm_start_rounds >= 1 (got {cfg['warm_start_rounds']})")
     if cfg["image_size"] < 1 or 28 % cfg["image_size"]:
         raise ValueError(f"image_size must divide 28 (got {cfg['image_size']}); use 28, 14 or 7")
-    return cfg
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = check(resolve(FULL, QUICK, quick, seed, settings))
-    out = Path(out)
-    started = time.perf_counter()
+def science(cfg: dict, run: Run) -> Findings:
+    check(cfg)
     prob = problem(cfg)
     data = prob["data"]
     model, layout = build_model(cfg, prob["num_classes"])
@@ -225,24 +218,22 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
     methods, results, rel = {}, {}, {}
     warm = None
     if "FSGLD (warm)" in cfg["methods"]:
-        warm = dict(zip(("theta", "point_gradients", "seconds"),
-                        warm_start(cfg, model, data, theta0, progress, resume, out)))
+        warm = dict(zip(("theta", "point_gradients", "seconds"), warm_start(cfg, model, data, theta0, run)))
     for label in cfg["methods"]:
         sampler, run_data, rounds, burn, thin, grads = built[label]
         tag = label.lower().replace(" ", "").replace("(", "-").replace(")", "").replace("+", "p")
         start = warm["theta"] if label == "FSGLD (warm)" else theta0
         try:
-            res = simulate(cfg["seed"], sampler, run_data, start, rounds, num_chains=cfg["num_chains"],
-                           burn_in=burn, thinning=thin, progress=progress, description=label, resume=resume,
-                           out_dir=out / "runs" / tag)
+            res = run.simulate(cfg["seed"], sampler, run_data, start, rounds, num_chains=cfg["num_chains"],
+                               burn_in=burn, thinning=thin, description=label, folder=tag)
         except DivergenceError as err:
             methods[label] = {"diverged": True, "message": str(err)}
             continue
         results[label] = res
-        probs = predictive.predict_bma(model, res.samples, prob["x_test"])
-        ood = predictive.predict_bma(model, res.samples, prob["ood_x"])
-        report = predictive.classification_report(probs, prob["y_test"], cfg["ece_bins"], ood_probs=ood)
-        rel[label] = predictive.reliability(probs, prob["y_test"], cfg["ece_bins"])
+        probs = evaluation.predict_bma(model, res.samples, prob["x_test"])
+        ood = evaluation.predict_bma(model, res.samples, prob["ood_x"])
+        report = evaluation.classification_report(probs, prob["y_test"], cfg["ece_bins"], ood_probs=ood)
+        rel[label] = evaluation.reliability(probs, prob["y_test"], cfg["ece_bins"])
         steps = rounds * (cfg["local_steps"] if label.startswith(("FSGLD", "DSGLD")) else 1)
         extra = warm["point_gradients"] if label == "FSGLD (warm)" else 0.0
         methods[label] = {
@@ -267,28 +258,25 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         criterion = {"sgld_accuracy": sgld_acc, "qlsd_pp_accuracy": qpp_acc, "gap_points": gap,
                      "within_2_points": bool(gap <= 2.0)}
     d, b = model.dim, data.num_clients
-    payload = {
-        "experiment": NAME,
-        "quick": quick,
-        "settings": {**cfg, "dim": d, "num_clients": b, "total_points": data.total, "model_name": model.name,
-                     "step_size_gamma": cfg["lr"] / data.total, "psgld_eps": 2 * cfg["lr_rmsprop"] / data.total,
-                     "ood": prob["ood_name"]},
-        "data": prob["summary"],
-        "methods": methods,
-        "criterion_qlsd_pp_within_2_points_of_sgld": criterion,
-        "warm_start": None if warm is None else {"rounds": int(cfg["warm_start_rounds"]),
-                                                 "point_gradients": warm["point_gradients"],
-                                                 "seconds": warm["seconds"]},
-        "paper_table_s2": PAPER,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    if results:
-        io.write_posterior(out / "posterior.nc", results, attrs={"experiment": NAME, "quick": quick})
+    figures = {}
     if rel:
-        predictive.plot_reliability(out / "reliability.png", rel, title=f"{model.name} on {cfg['dataset']}, "
-                                    f"{b} dominant-label clients" + (" (quick)" if quick else ""))
-    partition.plot_partition(out / "partition.png", np.asarray(prob["summary"]["partition"]["counts"]),
-                             title=f"{cfg['dataset']}: {b} clients, {cfg['dominant']:.0%} of one label, "
-                                   f"{cfg['other']:.0%} of each other")
-    return payload
+        figures["reliability.png"] = partial(evaluation.plot_reliability, methods=rel, title=(
+            f"{model.name} on {cfg['dataset']}, {b} dominant-label clients" + (" (quick)" if run.quick else "")))
+    figures["partition.png"] = partial(
+        partition.plot_partition, counts=np.asarray(prob["summary"]["partition"]["counts"]),
+        title=f"{cfg['dataset']}: {b} clients, {cfg['dominant']:.0%} of one label, {cfg['other']:.0%} of each other")
+    return Findings(
+        settings={**cfg, "dim": d, "num_clients": b, "total_points": data.total, "model_name": model.name,
+                  "step_size_gamma": cfg["lr"] / data.total, "psgld_eps": 2 * cfg["lr_rmsprop"] / data.total,
+                  "ood": prob["ood_name"]},
+        results={
+            "data": prob["summary"],
+            "methods": methods,
+            "criterion_qlsd_pp_within_2_points_of_sgld": criterion,
+            "warm_start": None if warm is None else {"rounds": int(cfg["warm_start_rounds"]),
+                                                     "point_gradients": warm["point_gradients"],
+                                                     "seconds": warm["seconds"]},
+            "paper_table_s2": PAPER,
+        },
+        posterior=results,
+        figures=figures)

@@ -34,7 +34,7 @@ burn_in=50000`` runs the paper's length.
 Metrics:
 
 - the relative 99% HPD error ``|eta - eta_ref| / eta_ref`` of
-  :func:`fedmcmc.evaluation.predictive.hpd_relative_error` (``eta`` the 0.99-quantile of the potential
+  :func:`fedmcmc.evaluation.hpd_relative_error` (``eta`` the 0.99-quantile of the potential
   U over the draws), against LSD++ as in the paper (``hpd_error_vs_lsd``; it measures the
   compression error only) and against NUTS on the pooled posterior (``hpd_error_vs_nuts``,
   ours: it adds the discretisation bias shared with LSD++). Standard errors from the spread of
@@ -49,21 +49,20 @@ Metrics:
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.runtime import io
-from fedmcmc.evaluation import predictive, reference
+from fedmcmc import evaluation
+from fedmcmc.evaluation import reference
 from fedmcmc.compression import qsgd_bits_bound, quantization
-from fedmcmc.data import partition
-from fedmcmc.data.datasets import load_classification
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.data import load_dataset, partition
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import logistic_regression
 from fedmcmc.samplers import cg_dsgld, dg_sgld, lsd_pp, qlsd_pp
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "qlsd-logistic"
 SUMMARY = ("QLSD++ 4/8/16 bits vs LSD++, DG-SGLD, FSGLD: logistic regression on 784 pixels over 50 clients, "
@@ -94,7 +93,7 @@ def problem(cfg: dict):
 
     Returns ``(x_train, y_train, x_test, y_test, parts, data, model, local_lipschitz, source)``.
     """
-    ds = load_classification(cfg["dataset"])
+    ds = load_dataset(cfg["dataset"], task="classification")
     classes = [int(c) for c in cfg["classes"]]
     if len(classes) != 2 or len(set(classes)) != 2 or not all(0 <= c < ds.num_classes for c in classes):
         raise ValueError(f"classes must be two distinct class indices of {cfg['dataset']} in "
@@ -130,9 +129,9 @@ def problem(cfg: dict):
 
 def _thresholds(model, samples, pooled, level):
     """``eta`` from all draws, its standard error from the per-chain thresholds, and those thresholds."""
-    u = predictive.neg_log_posterior(model, samples, pooled).reshape(np.shape(samples)[:2])  # [chain, draw]
-    per_chain = np.array([predictive.hpd_threshold(u[c], level) for c in range(u.shape[0])])
-    return predictive.hpd_threshold(u, level), _se(per_chain), per_chain, u
+    u = evaluation.neg_log_posterior(model, samples, pooled).reshape(np.shape(samples)[:2])  # [chain, draw]
+    per_chain = np.array([evaluation.hpd_threshold(u[c], level) for c in range(u.shape[0])])
+    return evaluation.hpd_threshold(u, level), _se(per_chain), per_chain, u
 
 
 def _se(x) -> float:
@@ -145,9 +144,8 @@ def relative_hpd_error(eta, se, eta_ref, se_ref) -> tuple[float, float]:
     return abs(eta - eta_ref) / abs(eta_ref), float(np.hypot(se, se_ref) / abs(eta_ref))
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
+def check(cfg: dict) -> None:
+    """One-line errors for settings that cannot run."""
     loc = int(cfg["fsgld_local_steps"])
     for key in ("num_iterations", "burn_in"):
         if cfg[key] % cfg["thinning"] or cfg[key] % loc:
@@ -157,63 +155,13 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         raise ValueError(f"burn_in ({cfg['burn_in']}) must lie in [0, num_iterations = {cfg['num_iterations']})")
     if cfg["thinning"] % loc and loc % cfg["thinning"]:
         raise ValueError(f"fsgld_local_steps ({loc}) and thinning ({cfg['thinning']}) must divide one another")
-    out = Path(out)
-    started = time.perf_counter()
-    x_train, y_train, x_test, y_test, parts, data, model, local, source = problem(cfg)
-    d, b = model.dim, data.num_clients
-    gamma = float(cfg["step_size"])
-    pooled = (x_train, y_train)
-    mode = gradients.find_mode(model, data)
-    theta0 = np.asarray(mode.theta)
-    x64 = x_train.astype(np.float64)
-    lipschitz = float(np.linalg.eigvalsh(x64.T @ x64)[-1] / 4 + 1 / cfg["prior_variance"])
-
-    ref = reference.nuts(cfg["seed"], model, data, num_samples=cfg["reference_samples"],
-                         num_chains=cfg["reference_chains"], num_warmup=cfg["reference_warmup"], theta0=theta0,
-                         name="qlsd-logistic")
-    eta_nuts, se_nuts, _, _ = _thresholds(model, ref.samples, pooled, cfg["hpd_level"])
-
-    rho = float(cfg["rho"])
-    runs = [("LSD++", lambda: lsd_pp(model, gamma, cfg["batch_size"], refresh_every=cfg["refresh_every"]), 1, None)]
-    for p in cfg["bits"]:
-        runs.append((f"QLSD++ {p} bits",
-                     lambda p=p: qlsd_pp(model, gamma, cfg["batch_size"], quantization(2 ** int(p)),
-                                         refresh_every=cfg["refresh_every"]), 1, 2 ** int(p)))
     unknown = set(cfg["baselines"]) - {"DG-SGLD", "FSGLD"}
     if unknown:
         raise ValueError(f"unknown baselines {sorted(unknown)}; baselines is a subset of ['DG-SGLD', 'FSGLD']")
-    runs.append(("DG-SGLD", lambda: dg_sgld(model, rho, 0.5 / (local + 1 / rho), cfg["dg_local_steps"],
-                                            cfg["batch_size"], num_clients=b), 1, None))
-    runs.append(("FSGLD", lambda: cg_dsgld(model, np.asarray(data.weights), 2 * gamma, loc,
-                                           surrogate=surrogates.taylor("diag"), batch_size=cfg["batch_size"]), loc,
-                 None))
-    runs = [r for r in runs if r[0] not in ("DG-SGLD", "FSGLD") or r[0] in cfg["baselines"]]
 
-    results, table, potentials = {}, {}, {}
-    for label, make, per_round, levels in runs:
-        rounds, burn = cfg["num_iterations"] // per_round, cfg["burn_in"] // per_round
-        thin = max(1, cfg["thinning"] // per_round)
-        res = simulate(cfg["seed"], make(), data, theta0, rounds, num_chains=cfg["num_chains"], burn_in=burn,
-                       thinning=thin, progress=progress, description=label, resume=resume,
-                       out_dir=out / "runs" / label.replace(" ", "_").replace("+", "p"))
-        results[label] = res
-        eta, se, per_chain, potentials[label] = _thresholds(model, res.samples, pooled, cfg["hpd_level"])
-        probs = predictive.predict_bma(model, res.samples, x_test) if len(y_test) else None
-        err_nuts, err_nuts_se = relative_hpd_error(eta, se, eta_nuts, se_nuts)
-        table[label] = {
-            "levels": levels,
-            "hpd_threshold": eta, "hpd_threshold_se": se, "hpd_threshold_per_chain": per_chain.tolist(),
-            "hpd_error_vs_nuts": err_nuts, "hpd_error_vs_nuts_se": err_nuts_se,
-            "bits_per_iteration": float(res.total_bits_up.mean() / cfg["num_iterations"]),
-            "setup_bits": float(res.setup_bits_up.mean()),
-            "relative_efficiency_paper_formula": paper_efficiency(levels, d) if levels else None,
-            "test_accuracy": predictive.accuracy(probs, y_test) if probs is not None else None,
-            "posterior_mean_error_vs_nuts": float(np.linalg.norm(res.samples.reshape(-1, d).mean(0)
-                                                                 - ref.samples.reshape(-1, d).mean(0))),
-            "num_draws": int(res.samples.shape[0] * res.samples.shape[1]),
-            "rounds": rounds,
-            "sampler_seconds": res.wall_seconds,
-        }
+
+def against_lsd(table: dict, potentials: dict, cfg: dict) -> None:
+    """Add to every method of ``table`` its relative efficiency and its HPD errors against LSD++."""
     lsd, u_lsd = table["LSD++"], potentials["LSD++"]
     half = cfg["num_chains"] // 2
     for label, m in table.items():
@@ -225,40 +173,91 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         m["hpd_error_vs_lsd_se"] = _se(np.subtract(m["hpd_threshold_per_chain"], lsd["hpd_threshold_per_chain"])
                                        / abs(lsd["hpd_threshold"]))
         # as with independent runs: the method's first half of the chains against LSD++'s second half
-        m["hpd_error_vs_lsd_unpaired"] = (predictive.hpd_relative_error(
+        m["hpd_error_vs_lsd_unpaired"] = (evaluation.hpd_relative_error(
             potentials[label][:half], u_lsd[half:], cfg["hpd_level"]) if half else float("nan"))
         if label in PAPER:
             m["paper_hpd_error_vs_lsd"], m["paper_relative_efficiency"] = PAPER[label]
+
+
+def science(cfg: dict, run: Run) -> Findings:
+    check(cfg)
+    loc = int(cfg["fsgld_local_steps"])
+    x_train, y_train, x_test, y_test, parts, data, model, local, source = problem(cfg)
+    d, b = model.dim, data.num_clients
+    gamma = float(cfg["step_size"])
+    pooled = (x_train, y_train)
+    mode = gradients.find_mode(model, data)
+    theta0 = np.asarray(mode.theta)
+    x64 = x_train.astype(np.float64)
+    lipschitz = float(np.linalg.eigvalsh(x64.T @ x64)[-1] / 4 + 1 / cfg["prior_variance"])
+    ref = reference.nuts(cfg["seed"], model, data, num_samples=cfg["reference_samples"],
+                         num_chains=cfg["reference_chains"], num_warmup=cfg["reference_warmup"], theta0=theta0,
+                         name="qlsd-logistic")
+    eta_nuts, se_nuts, _, _ = _thresholds(model, ref.samples, pooled, cfg["hpd_level"])
+    rho = float(cfg["rho"])
+    runs = [("LSD++", lambda: lsd_pp(model, gamma, cfg["batch_size"], refresh_every=cfg["refresh_every"]), 1, None)]
+    for p in cfg["bits"]:
+        runs.append((f"QLSD++ {p} bits",
+                     lambda p=p: qlsd_pp(model, gamma, cfg["batch_size"], quantization(2 ** int(p)),
+                                         refresh_every=cfg["refresh_every"]), 1, 2 ** int(p)))
+    runs.append(("DG-SGLD", lambda: dg_sgld(model, rho, 0.5 / (local + 1 / rho), cfg["dg_local_steps"],
+                                            cfg["batch_size"], num_clients=b), 1, None))
+    runs.append(("FSGLD", lambda: cg_dsgld(model, np.asarray(data.weights), 2 * gamma, loc,
+                                           surrogate=surrogates.taylor("diag"), batch_size=cfg["batch_size"]), loc,
+                 None))
+    runs = [r for r in runs if r[0] not in ("DG-SGLD", "FSGLD") or r[0] in cfg["baselines"]]
+
+    results, table, potentials = {}, {}, {}
+    for label, make, per_round, levels in runs:
+        rounds, burn = cfg["num_iterations"] // per_round, cfg["burn_in"] // per_round
+        thin = max(1, cfg["thinning"] // per_round)
+        res = run.simulate(cfg["seed"], make(), data, theta0, rounds, num_chains=cfg["num_chains"], burn_in=burn,
+                           thinning=thin, description=label, folder=label.replace(" ", "_").replace("+", "p"))
+        results[label] = res
+        eta, se, per_chain, potentials[label] = _thresholds(model, res.samples, pooled, cfg["hpd_level"])
+        probs = evaluation.predict_bma(model, res.samples, x_test) if len(y_test) else None
+        err_nuts, err_nuts_se = relative_hpd_error(eta, se, eta_nuts, se_nuts)
+        table[label] = {
+            "levels": levels,
+            "hpd_threshold": eta, "hpd_threshold_se": se, "hpd_threshold_per_chain": per_chain.tolist(),
+            "hpd_error_vs_nuts": err_nuts, "hpd_error_vs_nuts_se": err_nuts_se,
+            "bits_per_iteration": float(res.total_bits_up.mean() / cfg["num_iterations"]),
+            "setup_bits": float(res.setup_bits_up.mean()),
+            "relative_efficiency_paper_formula": paper_efficiency(levels, d) if levels else None,
+            "test_accuracy": evaluation.accuracy(probs, y_test) if probs is not None else None,
+            "posterior_mean_error_vs_nuts": float(np.linalg.norm(res.samples.reshape(-1, d).mean(0)
+                                                                 - ref.samples.reshape(-1, d).mean(0))),
+            "num_draws": int(res.samples.shape[0] * res.samples.shape[1]),
+            "rounds": rounds,
+            "sampler_seconds": res.wall_seconds,
+        }
+    against_lsd(table, potentials, cfg)
     # the Monte-Carlo floor of the metric: NUTS's first half against its second half
     mid = ref.samples.shape[1] // 2
-    floor = predictive.hpd_relative_error(predictive.neg_log_posterior(model, ref.samples[:, :mid], pooled),
-                                          predictive.neg_log_posterior(model, ref.samples[:, mid:], pooled),
+    floor = evaluation.hpd_relative_error(evaluation.neg_log_posterior(model, ref.samples[:, :mid], pooled),
+                                          evaluation.neg_log_posterior(model, ref.samples[:, mid:], pooled),
                                           cfg["hpd_level"])
-    ref_probs = predictive.predict_bma(model, ref.samples, x_test) if len(y_test) else None
-    payload = {
-        "experiment": NAME,
-        "quick": quick,
-        "settings": {**cfg, "num_clients": b, "dim": d, "num_train": int(len(y_train)),
-                     "num_test": int(len(y_test)), "client_sizes": [int(len(p)) for p in parts],
-                     "client_label_skew": partition.label_skew(partition.label_counts(y_train, parts)),
-                     "gamma_times_lambda_max_bound": gamma * lipschitz,
-                     "dg_sgld_client_steps": (0.5 / (local + 1 / rho)).tolist(), "fsgld_step_h": 2 * gamma,
-                     "dataset_source": source},
-        "mode": {"rounds": mode.rounds, "bits": mode.bits, "gradient_norm": mode.gradient_norm},
-        "reference": {"kind": "NUTS", "hpd_threshold": eta_nuts, "hpd_threshold_se": se_nuts, "rhat": ref.rhat,
-                      "ess": ref.ess, "divergences": ref.divergences,
-                      "num_draws": int(ref.samples.shape[0] * ref.samples.shape[1]),
-                      "hpd_error_between_halves": floor,
-                      "test_accuracy": predictive.accuracy(ref_probs, y_test) if ref_probs is not None else None,
-                      "cached": ref.cached},
-        "paper": {label: {"hpd_error_vs_lsd": e, "relative_efficiency": r} for label, (e, r) in PAPER.items()},
-        "methods": table,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    io.write_posterior(out / "posterior.nc", results, attrs={"experiment": NAME, "quick": quick})
-    plot(out / "hpd_error_vs_efficiency.png", table, quick)
-    return payload
+    ref_probs = evaluation.predict_bma(model, ref.samples, x_test) if len(y_test) else None
+    return Findings(
+        settings={**cfg, "num_clients": b, "dim": d, "num_train": int(len(y_train)),
+                  "num_test": int(len(y_test)), "client_sizes": [int(len(p)) for p in parts],
+                  "client_label_skew": partition.label_skew(partition.label_counts(y_train, parts)),
+                  "gamma_times_lambda_max_bound": gamma * lipschitz,
+                  "dg_sgld_client_steps": (0.5 / (local + 1 / rho)).tolist(), "fsgld_step_h": 2 * gamma,
+                  "dataset_source": source},
+        results={
+            "mode": {"rounds": mode.rounds, "bits": mode.bits, "gradient_norm": mode.gradient_norm},
+            "reference": {"kind": "NUTS", "hpd_threshold": eta_nuts, "hpd_threshold_se": se_nuts, "rhat": ref.rhat,
+                          "ess": ref.ess, "divergences": ref.divergences,
+                          "num_draws": int(ref.samples.shape[0] * ref.samples.shape[1]),
+                          "hpd_error_between_halves": floor,
+                          "test_accuracy": evaluation.accuracy(ref_probs, y_test) if ref_probs is not None else None,
+                          "cached": ref.cached},
+            "paper": {label: {"hpd_error_vs_lsd": e, "relative_efficiency": r} for label, (e, r) in PAPER.items()},
+            "methods": table,
+        },
+        posterior=results,
+        figures={"hpd_error_vs_efficiency.png": partial(plot, table=table, quick=run.quick)})
 
 
 def plot(path: Path, table: dict, quick: bool):

@@ -20,7 +20,7 @@ is reported too. Budget: 10 chains (the paper does not say how many runs Figure 
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +28,12 @@ import numpy as np
 from fedmcmc.estimators import gradients
 from fedmcmc.runtime import io
 from fedmcmc.evaluation import reference
-from fedmcmc.compression import quantization
-from fedmcmc.compression.quantization import quantization_omega
+from fedmcmc.compression import quantization, quantization_omega
 from fedmcmc.data import partition
 from fedmcmc.data.federated import from_clients
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models import logistic_regression
 from fedmcmc.samplers import lsd_pp, qlsd_pp
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "qlsd-memory"
 SUMMARY = "QLSD++ with and without memory on SYNTHETIC(1, 1), d = 2, b = 50: error in variance vs MALA (QLSD Fig. S3)"
@@ -109,15 +107,11 @@ def problem(cfg: dict):
     return clients, data, model, mode, hessian
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
+def science(cfg: dict, run: Run) -> Findings:
     if not 0 <= cfg["burn_in"] < cfg["num_iterations"]:
         raise ValueError(f"burn_in ({cfg['burn_in']}) must lie in [0, num_iterations = {cfg['num_iterations']})")
     if (cfg["num_iterations"] - cfg["burn_in"]) % cfg["thinning"] or cfg["num_iterations"] % cfg["thinning"]:
         raise ValueError(f"num_iterations and burn_in must be multiples of thinning ({cfg['thinning']})")
-    out = Path(out)
-    started = time.perf_counter()
     clients, data, model, mode, hessian = problem(cfg)
     d, b = model.dim, data.num_clients
     eig = np.linalg.eigvalsh(hessian)
@@ -136,9 +130,9 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         else:
             sampler = qlsd_pp(model, cfg["step_size"], compressor=quantization(s), memory=memory, **common)
         tag = label.replace("QLSD++ ", "qlsdpp-").replace(", ", "-").replace("=", "").replace(" ", "-")
-        res = simulate(cfg["seed"], sampler, data, np.zeros(d), cfg["num_iterations"], num_chains=cfg["num_chains"],
-                       burn_in=cfg["burn_in"], thinning=cfg["thinning"], progress=progress, description=label,
-                       resume=resume, out_dir=out / "runs" / tag)
+        res = run.simulate(cfg["seed"], sampler, data, np.zeros(d), cfg["num_iterations"],
+                           num_chains=cfg["num_chains"], burn_in=cfg["burn_in"], thinning=cfg["thinning"],
+                           description=label, folder=tag)
         results[label] = res
         ends, var = running_variance(res.samples, cfg["curve_points"])
         err = variance_error(var, ref_var)  # [chain, point]
@@ -163,28 +157,23 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
         }
 
     sizes = [int(len(c[1])) for c in clients]
-    payload = {
-        "experiment": NAME,
-        "quick": quick,
-        "settings": {**cfg, "num_clients": b, "dim": d, "total_points": int(sum(sizes)), "client_sizes": sizes,
-                     "model": "logistic regression without intercept, prior N(0, prior_scale^2 I)",
-                     "prior_variance": cfg["prior_scale"] ** 2,
-                     "metric": "||v - v_ref||_2, v = per-chain variance of the kept draws, averaged over chains "
-                               "(relative_variance_error: mean over j of |v_j - v_j^ref| / v_j^ref)"},
-        "posterior": {"mode": np.asarray(mode.theta).tolist(), "hessian_eigenvalues": eig.tolist(),
-                      "laplace_variance": laplace_var.tolist(),
-                      "ula_relative_variance_bias": (cfg["step_size"] * eig / 2).tolist()},
-        "reference": {"kind": "MALA", "step_size": float(h), "variance": ref_var.tolist(),
-                      "mean": ref.samples.reshape(-1, d).mean(axis=0).tolist(), "acceptance": ref.acceptance,
-                      "rhat": ref.rhat, "ess": ref.ess, "num_draws": int(ref.samples.shape[0] * ref.samples.shape[1]),
-                      "variance_relative_se": float(np.sqrt(2.0 / ref.ess)), "cached": ref.cached},
-        "methods": table,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    io.write_posterior(out / "posterior.nc", results, attrs={"experiment": NAME, "quick": quick})
-    plot(out / "variance_error.png", table, quick)
-    return payload
+    return Findings(
+        settings={**cfg, "num_clients": b, "dim": d, "total_points": int(sum(sizes)), "client_sizes": sizes,
+                  "model": "logistic regression without intercept, prior N(0, prior_scale^2 I)",
+                  "prior_variance": cfg["prior_scale"] ** 2,
+                  "metric": "||v - v_ref||_2, v = per-chain variance of the kept draws, averaged over chains "
+                            "(relative_variance_error: mean over j of |v_j - v_j^ref| / v_j^ref)"},
+        results={"posterior": {"mode": np.asarray(mode.theta).tolist(), "hessian_eigenvalues": eig.tolist(),
+                               "laplace_variance": laplace_var.tolist(),
+                               "ula_relative_variance_bias": (cfg["step_size"] * eig / 2).tolist()},
+                 "reference": {"kind": "MALA", "step_size": float(h), "variance": ref_var.tolist(),
+                               "mean": ref.samples.reshape(-1, d).mean(axis=0).tolist(), "acceptance": ref.acceptance,
+                               "rhat": ref.rhat, "ess": ref.ess,
+                               "num_draws": int(ref.samples.shape[0] * ref.samples.shape[1]),
+                               "variance_relative_se": float(np.sqrt(2.0 / ref.ess)), "cached": ref.cached},
+                 "methods": table},
+        posterior=results,
+        figures={"variance_error.png": partial(plot, table=table, quick=run.quick)})
 
 
 def plot(path: Path, table: dict, quick: bool):

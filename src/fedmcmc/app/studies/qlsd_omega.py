@@ -50,7 +50,7 @@ standard errors for the simulations).
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -58,12 +58,10 @@ import numpy as np
 from fedmcmc.estimators import gradients
 from fedmcmc.runtime import io
 from fedmcmc.app import problems
-from fedmcmc.compression import quantization
-from fedmcmc.compression.quantization import quantization_omega
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.compression import quantization, quantization_omega
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models.gaussian import GaussianPosterior
 from fedmcmc.samplers import lsd_star, qlsd_star
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "qlsd-omega"
 SUMMARY = ("QLSD* on the toy Gaussian: bias against omega for several step sizes, closed-form second moment "
@@ -123,25 +121,12 @@ def loglog_slope(x, y, se=None) -> tuple[float, float]:
     return float(coef[1]), float(np.sqrt(cov[1, 1]))
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
-    if not 0 <= cfg["burn_in"] < cfg["num_iterations"]:
-        raise ValueError(f"burn_in ({cfg['burn_in']}) must lie in [0, num_iterations = {cfg['num_iterations']})")
-    out = Path(out)
-    started = time.perf_counter()
-    data, model, post = problems.heterogeneous_gaussian()
-    sizes = np.asarray(data.counts, np.float64)
-    d, n = model.dim, float(sizes.sum())
-    truth = post.expected_norm()
-
-    def norm_bias2(m):
-        return (GaussianPosterior(post.mean, m / d).expected_norm() - truth) ** 2
-
-    levels = sorted({int(s) for s in cfg["levels"]} | {int(s) for s in cfg["mc_levels"]})
-    kappas = {s: kappa_bar(s, d, cfg["sphere_draws"], cfg["seed"]) for s in levels}
+def closed_form(step_sizes, levels, kappas: dict, sizes: np.ndarray, d: int, norm_bias2) -> dict:
+    """Per step size: the closed-form second moment, ``Delta`` and squared bias of ``E||theta||`` at every
+    level s (``kappas[s]`` = ``kappa_bar`` and its s.e.), and the log-log slopes of ``Delta`` against omega."""
+    n = float(sizes.sum())
     closed = {}
-    for gamma in cfg["step_sizes"]:
+    for gamma in step_sizes:
         m0 = stationary_second_moment(gamma, sizes, 0.0, d)
         rows = []
         for s in levels:
@@ -159,7 +144,13 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             if len(part) >= 3:
                 closed[f"{gamma:g}"][f"slope_vs_omega_{key}"] = dict(zip(("slope", "se"), loglog_slope(
                     [r["omega"] for r in part], [r["delta"] for r in part])))
-    gammas = [float(g) for g in cfg["step_sizes"]]
+    return closed
+
+
+def slopes_vs_gamma(closed: dict, levels, step_sizes, n: float) -> dict:
+    """Per level s: the log-log slope of the closed-form ``Delta`` against gamma, over every step size
+    and over those with ``gamma N <= 0.1``."""
+    gammas = [float(g) for g in step_sizes]
     small = [g for g in gammas if g * n <= 0.1]  # the gamma -> 0 regime of the paper's Table 1
     slope_gamma = {}
     for s in levels:
@@ -171,6 +162,24 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             entry["gamma_N_le_0.1"] = dict(zip(("slope", "se"), loglog_slope(small, [delta[g] for g in small],
                                                                             [1e-12 * delta[g] for g in small])))
         slope_gamma[str(s)] = entry
+    return slope_gamma
+
+
+def science(cfg: dict, run: Run) -> Findings:
+    if not 0 <= cfg["burn_in"] < cfg["num_iterations"]:
+        raise ValueError(f"burn_in ({cfg['burn_in']}) must lie in [0, num_iterations = {cfg['num_iterations']})")
+    data, model, post = problems.heterogeneous_gaussian()
+    sizes = np.asarray(data.counts, np.float64)
+    d, n = model.dim, float(sizes.sum())
+    truth = post.expected_norm()
+
+    def norm_bias2(m):
+        return (GaussianPosterior(post.mean, m / d).expected_norm() - truth) ** 2
+
+    levels = sorted({int(s) for s in cfg["levels"]} | {int(s) for s in cfg["mc_levels"]})
+    kappas = {s: kappa_bar(s, d, cfg["sphere_draws"], cfg["seed"]) for s in levels}
+    closed = closed_form(cfg["step_sizes"], levels, kappas, sizes, d, norm_bias2)
+    slope_gamma = slopes_vs_gamma(closed, levels, cfg["step_sizes"], n)
 
     # simulations: QLSD* and LSD* chains with shared seeds, E||theta - theta*||^2 per chain
     mode = exact_mode(data, post)
@@ -189,10 +198,10 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             label = "LSD*" if s is None else f"QLSD* s={s}"
             sampler = (lsd_star(model, gamma, mode, batch, name=label) if s is None
                        else qlsd_star(model, gamma, mode, batch, quantization(s), name=label))
-            res = simulate(cfg["seed"], sampler, data, centre, cfg["num_iterations"], num_chains=cfg["num_chains"],
-                           burn_in=cfg["burn_in"], thinning=cfg["num_iterations"], statistic=sq_dist,
-                           progress=progress, description=f"{label}, gamma={gamma:g}", resume=resume,
-                           out_dir=out / "runs" / f"gamma{gamma:g}-{'lsd' if s is None else f's{s}'}")
+            res = run.simulate(cfg["seed"], sampler, data, centre, cfg["num_iterations"],
+                               num_chains=cfg["num_chains"], burn_in=cfg["burn_in"], thinning=cfg["num_iterations"],
+                               statistic=sq_dist, description=f"{label}, gamma={gamma:g}",
+                               folder=f"gamma{gamma:g}-{'lsd' if s is None else f's{s}'}")
             per[s] = res.statistics.astype(np.float64).mean(axis=1)  # [chain]
         rows = []
         for s in cfg["mc_levels"]:
@@ -211,22 +220,17 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             entry["slope_points"] = [r["levels"] for r in ok]
         chains[f"{gamma:g}"] = entry
 
-    payload = {
-        "experiment": NAME,
-        "quick": quick,
-        "settings": {**cfg, "num_clients": data.num_clients, "dim": d, "total_points": int(n),
-                     "sum_squared_sizes": float(np.sum(sizes**2)), "batch_sizes": batch.tolist()},
-        "paper_claim": "asymptotic bias of QLSD* of order omega O(gamma): log-log slope 1 against omega and gamma "
-                       "(2 for an MSE)",
-        "posterior": {"variance": post.var, "second_moment": d / n, "expected_norm": truth},
-        "closed_form": closed,
-        "slope_vs_gamma": slope_gamma,
-        "chains": chains,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    plot(out / "bias_vs_omega.png", closed, chains, d / n, quick)
-    return payload
+    return Findings(
+        settings={**cfg, "num_clients": data.num_clients, "dim": d, "total_points": int(n),
+                  "sum_squared_sizes": float(np.sum(sizes**2)), "batch_sizes": batch.tolist()},
+        results={"paper_claim": "asymptotic bias of QLSD* of order omega O(gamma): log-log slope 1 against omega "
+                                "and gamma (2 for an MSE)",
+                 "posterior": {"variance": post.var, "second_moment": d / n, "expected_norm": truth},
+                 "closed_form": closed,
+                 "slope_vs_gamma": slope_gamma,
+                 "chains": chains},
+        figures={"bias_vs_omega.png": partial(plot, closed=closed, chains=chains, posterior_m=d / n,
+                                              quick=run.quick)})
 
 
 def plot(path: Path, closed: dict, chains: dict, posterior_m: float, quick: bool):

@@ -10,7 +10,7 @@ plotted against the bits uploaded.
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +19,9 @@ from fedmcmc.estimators import gradients
 from fedmcmc.runtime import io
 from fedmcmc.app import problems
 from fedmcmc.compression import qsgd_bits_bound, quantization
-from fedmcmc.app.studies.settings import resolve
+from fedmcmc.app.studies.runner import Findings, Run
 from fedmcmc.models.gaussian import GaussianPosterior
 from fedmcmc.samplers import lsd_star, qlsd_sharp, qlsd_star
-from fedmcmc.runtime.simulator import simulate
 
 NAME = "qlsd-toy-gaussian"
 SUMMARY = "QLSD#/QLSD*/LSD* on the heterogeneous Gaussian: MSE of E||theta|| against bits (QLSD Fig. 1)"
@@ -64,14 +63,9 @@ def running_mse(stats: np.ndarray, target: float, points: int) -> tuple[np.ndarr
     return ends, np.mean((means - target) ** 2, axis=0)
 
 
-def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool = True,
-        resume: bool = False, settings: dict | None = None) -> dict:
-    cfg = resolve(FULL, QUICK, quick, seed, settings)
+def science(cfg: dict, run: Run) -> Findings:
     if not 0 < cfg["keep"] <= cfg["num_iterations"]:
         raise ValueError(f"keep ({cfg['keep']}) must lie in (0, num_iterations = {cfg['num_iterations']}]")
-    out = Path(out)
-    started = time.perf_counter()
-
     data, model, post = problems.heterogeneous_gaussian()
     truth = post.expected_norm()
     ula = stationary_ula_posterior(post, cfg["step_size"])
@@ -89,9 +83,9 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             sampler = qlsd_star(model, cfg["step_size"], mode, batch, compressor, name=label)
         else:
             sampler = lsd_star(model, cfg["step_size"], mode, batch, name=label)
-        res = simulate(cfg["seed"], sampler, data, np.zeros(d), cfg["num_iterations"], num_chains=cfg["num_chains"],
-                       burn_in=burn_in, thinning=10, statistic=_norm, progress=progress, description=label, resume=resume,
-                       out_dir=out / "runs" / label.replace(" ", "_").replace("#", "sharp").replace("*", "star"))
+        res = run.simulate(cfg["seed"], sampler, data, np.zeros(d), cfg["num_iterations"],
+                           num_chains=cfg["num_chains"], burn_in=burn_in, thinning=10, statistic=_norm,
+                           description=label, folder=label.replace(" ", "_").replace("#", "sharp").replace("*", "star"))
         results[label] = res
         estimates = res.statistics.mean(axis=1)
         ends, curve = running_mse(res.statistics, truth, cfg["curve_points"])
@@ -110,22 +104,17 @@ def run(out: Path, quick: bool = False, seed: int | None = None, progress: bool 
             "sampler_seconds": res.wall_seconds,
         }
 
-    payload = {
-        "experiment": NAME,
-        "quick": quick,
-        "settings": {**cfg, "num_clients": b, "dim": d, "total_points": data.total, "burn_in": burn_in,
-                     "batch_sizes": batch.tolist(), "test_function": "||theta||"},
-        "truth": {"posterior_expected_norm": truth, "posterior_variance": post.var,
-                  "ula_stationary_expected_norm": ula.expected_norm(), "ula_stationary_variance": ula.var,
-                  "gamma_times_L": cfg["step_size"] / post.var},
-        "theta_star": {"rounds": mode.rounds, "bits": mode.bits, "gradient_norm": mode.gradient_norm},
-        "methods": methods,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    io.write_json(out / "results.json", payload)
-    io.write_posterior(out / "posterior.nc", results, attrs={"experiment": NAME, "quick": quick})
-    plot(out / "mse_vs_bits.png", methods, quick, floor=(ula.expected_norm() - truth) ** 2)
-    return payload
+    return Findings(
+        settings={**cfg, "num_clients": b, "dim": d, "total_points": data.total, "burn_in": burn_in,
+                  "batch_sizes": batch.tolist(), "test_function": "||theta||"},
+        results={"truth": {"posterior_expected_norm": truth, "posterior_variance": post.var,
+                           "ula_stationary_expected_norm": ula.expected_norm(), "ula_stationary_variance": ula.var,
+                           "gamma_times_L": cfg["step_size"] / post.var},
+                 "theta_star": {"rounds": mode.rounds, "bits": mode.bits, "gradient_norm": mode.gradient_norm},
+                 "methods": methods},
+        posterior=results,
+        figures={"mse_vs_bits.png": partial(plot, methods=methods, quick=run.quick,
+                                            floor=(ula.expected_norm() - truth) ** 2)})
 
 
 def plot(path: Path, methods: dict, quick: bool, floor: float):

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.runtime import cpu
+from fedmcmc.core import xla
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime.flower.wire import encode_upload, items, pack, unpack
 from fedmcmc.runtime.records import save_npz
@@ -60,17 +60,17 @@ def _shared_client(cfg_text: str, build: Build) -> dict:
         return new_cs, up, info.bits
 
     functions = {
-        "first": cpu.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1])),
-        "init": cpu.jit(jax.vmap(init, (0, 0, None, None))),
-        "step": cpu.jit(jax.vmap(step, (0, 0, 0, 0, None, None, None))),
-        "accept": cpu.jit(jax.vmap(rnd.select)),
+        "first": xla.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1])),
+        "init": xla.jit(jax.vmap(init, (0, 0, None, None))),
+        "step": xla.jit(jax.vmap(step, (0, 0, 0, 0, None, None, None))),
+        "accept": xla.jit(jax.vmap(rnd.select)),
     }
     if s.setup is not None:
         def setup(ck, cs, bc, data, ids):
             return rnd.setup_clients(s, ck, cs, bc, data, ids, b)
 
-        functions["setup"] = cpu.jit(jax.vmap(setup, (0, 0, 0, None, None)))
-        functions["receive"] = cpu.jit(jax.vmap(partial(rnd.setup_receive, s)))
+        functions["setup"] = xla.jit(jax.vmap(setup, (0, 0, 0, None, None)))
+        functions["receive"] = xla.jit(jax.vmap(partial(rnd.setup_receive, s)))
     _SHARED[key] = {"cfg": cfg, "sampler": s, "data": built["data"], "dim": built["model"].dim,
                     "functions": functions}
     if len(_SHARED) > 8:

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.runtime import cpu
+from fedmcmc.core import xla
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime.flower.client import Build, ClientRuntime, config_hash
 from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, items, pack, unpack
@@ -86,12 +86,12 @@ class ServerRuntime:
 
     def _compile(self, data):
         s, b = self.sampler, self.b
-        self.init = cpu.jit(jax.vmap(lambda ck, theta0: rnd.server_init(s, ck, theta0, b)))
-        self.masks = cpu.jit(jax.vmap(lambda ck, k: rnd.participation(s, ck, k, b), (0, None)))
-        self.step = cpu.jit(jax.vmap(lambda ck, ss, up, m, k: rnd.server_round(s, ck, k, ss, up, m, b),
+        self.init = xla.jit(jax.vmap(lambda ck, theta0: rnd.server_init(s, ck, theta0, b)))
+        self.masks = xla.jit(jax.vmap(lambda ck, k: rnd.participation(s, ck, k, b), (0, None)))
+        self.step = xla.jit(jax.vmap(lambda ck, ss, up, m, k: rnd.server_round(s, ck, k, ss, up, m, b),
                                      (0, 0, 0, 0, None)))
         if s.setup is not None:
-            self.setup = cpu.jit(jax.vmap(lambda ck, ss, up: rnd.setup_server(s, ck, ss, up, b)))
+            self.setup = xla.jit(jax.vmap(lambda ck, ss, up: rnd.setup_server(s, ck, ss, up, b)))
         d = self.built["model"].dim
         self.theta0 = jnp.zeros((self.C, d), jnp.float32)
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
@@ -120,7 +120,7 @@ class ServerRuntime:
         return replies
 
     def run(self, transport: Transport, progress: bool = False):
-        """Run (or resume) the rounds; returns the :class:`~fedmcmc.runtime.simulator.SimulationResult`."""
+        """Run (or resume) the rounds; returns the :class:`~fedmcmc.SimulationResult`."""
         run_fingerprint = fingerprint(runtime="flower", config=config_hash(self.cfg_text), chunk=self.chunk)
         chunk_dir = self.out_dir / "chunks"
         state_path = chunk_dir / "state.npz"

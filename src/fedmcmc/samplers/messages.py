@@ -1,4 +1,5 @@
-"""Pieces shared by the samplers: message types and the server's Langevin step."""
+"""What samplers report with every message: the broadcast, the per-client and per-round infos,
+and the size of a message of raw floats."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedmcmc.core.base import Model
-from fedmcmc.core.types import Array, Schedule, resolve_schedule
+from fedmcmc.core.types import Array
 
 
 class Broadcast(NamedTuple):
@@ -41,20 +41,3 @@ class ServerInfo(NamedTuple):
 def float_bits(tree) -> Array:
     """Bits of a pytree of float32 arrays sent raw: 32 per entry."""
     return jnp.asarray(32 * sum(int(jnp.size(x)) for x in jax.tree_util.tree_leaves(tree)), jnp.int32)
-
-
-def langevin_update(key, model: Model, position, drift, step_size):
-    """One unadjusted Langevin move on the server:
-
-    theta' = theta - gamma (grad U_0(theta) + drift) + sqrt(2 gamma) Z,   Z ~ N(0, I),
-
-    with U_0 = -log prior counted once, here, and ``drift`` the clients' aggregated
-    estimate of sum_i grad U_i(theta).
-    """
-    prior_grad = jax.grad(model.log_prior)(position)
-    noise = jax.random.normal(key, position.shape, position.dtype)
-    return position - step_size * (drift - prior_grad) + jnp.sqrt(2.0 * step_size) * noise
-
-
-def server_step_size(step_size: Schedule, k):
-    return jnp.asarray(resolve_schedule(step_size, k), jnp.float32)

@@ -1,0 +1,85 @@
+"""A compressor from a configuration value: :func:`resolve_compressor`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from fedmcmc.compression.identity import identity
+from fedmcmc.compression.quantization import MAX_BITS, quantization
+from fedmcmc.core.base import Compressor
+
+__all__ = ["resolve_compressor"]
+
+_SPEC_HELP = (
+    'use None, "none", "identity" or 0 for no compression; an integer s >= 1 for s '
+    'quantisation levels; {"bits": p} for s = 2**p; {"levels": s} or {"levels": [s_1, ...]} '
+    "for (per-client) levels"
+)
+
+
+def _bits_to_levels(bits):
+    """``2**p`` for ``{"bits": p}`` (or a list of them), with ``p`` checked."""
+    def one(p, where=""):
+        message = (f"quantization bits p{where} must be an integer in [0, {MAX_BITS}] (got {p!r}); "
+                   "p bits means s = 2**p levels")
+        if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, np.integer)) or not 0 <= p <= MAX_BITS:
+            raise ValueError(message)
+        return 2 ** int(p)
+
+    if isinstance(bits, (Sequence, np.ndarray)) and not isinstance(bits, (str, bytes)):
+        values = list(bits)
+        if not values:
+            raise ValueError('{"bits": [...]} needs at least one entry')
+        return [one(p, f"[{i}]") for i, p in enumerate(values)]
+    return one(bits)
+
+
+def resolve_compressor(spec) -> Compressor:
+    """Build a compressor from a configuration value.
+
+    Parameters
+    ----------
+    spec
+        * ``None``, ``"none"``, ``"identity"`` or ``0``: :func:`identity`;
+        * an integer ``s >= 1``: ``quantization(s)``;
+        * a sequence of integers: ``quantization(levels)`` (one per client);
+        * ``{"bits": p}`` (``p`` in ``[0, 24]`` (``MAX_BITS``), or a list of them): ``quantization(2**p)``;
+        * ``{"levels": s}`` or ``{"levels": [s_1, ..., s_b]}``: ``quantization(levels)``;
+        * a :class:`~fedmcmc.core.base.Compressor`: returned unchanged.
+
+    Returns
+    -------
+    Compressor
+
+    Raises
+    ------
+    ValueError
+        For any other value, with a message listing the accepted forms.
+    """
+    if spec is None or isinstance(spec, Compressor):
+        return identity() if spec is None else spec
+    if isinstance(spec, str):
+        if spec.strip().lower() in ("none", "identity"):
+            return identity()
+        raise ValueError(f"unknown compressor spec {spec!r}; {_SPEC_HELP}")
+    if isinstance(spec, (bool, np.bool_)):
+        raise ValueError(f"invalid compressor spec {spec!r}; {_SPEC_HELP}")
+    if isinstance(spec, (int, np.integer)) and spec == 0:
+        return identity()
+    if isinstance(spec, (int, float, np.integer, np.floating)):
+        return quantization(spec)  # validates: integer >= 1
+    if isinstance(spec, Mapping):
+        keys = set(spec)
+        if keys == {"bits"}:
+            return quantization(_bits_to_levels(spec["bits"]))
+        if keys == {"levels"}:
+            return quantization(spec["levels"])
+        raise ValueError(
+            f"compressor spec dict must have exactly one key, 'bits' or 'levels' "
+            f"(got keys {sorted(map(str, keys))}); {_SPEC_HELP}"
+        )
+    if isinstance(spec, (Sequence, np.ndarray)):
+        return quantization(spec)
+    raise ValueError(f"invalid compressor spec {spec!r}; {_SPEC_HELP}")

@@ -1,0 +1,100 @@
+"""How fedmcmc compiles its programs: :func:`jit`, and :func:`materialize`.
+
+Importing fedmcmc changes nothing in the user's JAX: no ``XLA_FLAGS``, no lowering rule,
+no device count. What fedmcmc needs for speed it asks for per program, in :func:`jit`:
+
+1. **XLA's YNNPACK fusions off** (``compiler_options``, this program only). They were slower
+   than XLA's own loop fusions for our small batched reductions (a round of QLSD* with 30
+   chains: 1.44 ms with them, 1.10 ms without).
+2. **Threefry unrolled.** JAX lowers the threefry2x32 hash on CPU as a rolled 5-step
+   ``while`` loop; inside our scans every random draw then runs a loop of tiny kernels. While
+   one of our programs is lowered, JAX's own unrolled lowering (the one it uses on GPU) is
+   put in place, and the previous rule is put back straight after: the same hash, as
+   straight-line code that XLA fuses.
+
+Both change how XLA fuses, hence possibly the last bit of a float, so every program whose
+numbers must agree (the simulator, its worker processes and the Flower runtime) is compiled
+by this :func:`jit`, and the agreement is tested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+
+import jax
+
+COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+"""XLA options of every fedmcmc program (they apply to that program only)."""
+
+_LOWERING_LOCK = threading.RLock()  # re-entrant: one of our programs may trace another
+
+
+@contextlib.contextmanager
+def _unrolled_threefry():
+    """JAX's unrolled threefry lowering on CPU for the programs lowered inside, then the old rule."""
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.random import threefry2x32 as tf
+
+        rules = mlir._platform_specific_lowerings["cpu"]
+        unrolled = mlir.LoweringRuleEntry(tf._threefry2x32_lowering_rule, True)
+    except (ImportError, AttributeError, KeyError):  # pragma: no cover - depends on the JAX version
+        yield
+        return
+    with _LOWERING_LOCK:
+        missing = object()
+        previous = rules.get(tf.threefry2x32_p, missing)
+        rules[tf.threefry2x32_p] = unrolled
+        try:
+            yield
+        finally:
+            if previous is missing:
+                del rules[tf.threefry2x32_p]
+            else:
+                rules[tf.threefry2x32_p] = previous
+
+
+def _trace_state_clean() -> bool:
+    try:
+        from jax._src.core import trace_state_clean
+    except ImportError:  # pragma: no cover - depends on the JAX version
+        return True
+    return trace_state_clean()
+
+
+def jit(fun, **kwargs):
+    """``jax.jit(fun, **kwargs)`` compiled the fedmcmc way (module docstring).
+
+    The returned function compiles on its first call for each argument signature, with the
+    YNNPACK option and under the unrolled threefry lowering, and afterwards only calls the
+    compiled program. Called inside another trace (``jax.eval_shape``, an outer ``jit``) it
+    is an ordinary nested ``jit``, since XLA options belong to a whole program.
+    """
+    compiled = jax.jit(fun, compiler_options=COMPILER_OPTIONS, **kwargs)
+    inner = jax.jit(fun, **kwargs)  # called inside another trace (eval_shape), where options cannot go
+
+    @functools.wraps(fun)
+    def call(*args, **kw):
+        if not _trace_state_clean():
+            return inner(*args, **kw)
+        with _unrolled_threefry():
+            return compiled(*args, **kw)
+
+    return call
+
+
+def materialize(x):
+    """Return the integer array ``x`` unchanged, but computed once by the compiler.
+
+    XLA fuses cheap elementwise producers (threefry hashes, stochastic rounding) into every
+    consumer and recomputes them per element there: for a ``[k, k]`` comparison of ``k``
+    random draws that is ``k`` times the random numbers. ``max(x, lowest) == x`` written as a
+    reduction over a trailing axis of size 2 becomes a fusion root, so ``x`` is stored
+    instead. It never changes a value.
+    """
+    import jax.numpy as jnp
+
+    lowest = jnp.full_like(x, jnp.iinfo(x.dtype).min)
+    return jnp.max(jnp.stack([x, lowest], axis=-1), axis=-1)
