@@ -30,7 +30,8 @@ from fedmcmc.compression import quantization
 from fedmcmc.models import gaussian_factors, gaussian_mean
 from fedmcmc.runtime import round as rnd
 from fedmcmc.samplers.dg_sgld import dg_sgld, quadratic_prior
-from fedmcmc.samplers.fedavg import fedavg
+from fedmcmc.estimators import scaffold
+from fedmcmc.samplers.fedavg import FedAvgUpload, fedavg
 from fedmcmc.samplers.psgld import psgld
 
 DATA = h.problem()
@@ -349,8 +350,10 @@ def test_fedavg_several_local_steps_converge_to_the_drifted_fixed_point():
     mode = (W * LAM) @ CENTRES / np.sum(W * LAM)  # the MAP: where one local step converges
     np.testing.assert_allclose(fedavg_fixed_point(eta, 1), mode, rtol=1e-12)
     assert np.max(np.abs(fixed - mode)) > 0.3  # client drift: T > 1 does not find the MAP
-    one = simulate(0, fedavg(model, W, eta, 1), data, np.zeros(2), 150)
-    np.testing.assert_allclose(one.samples[0, -1], mode, rtol=1e-5, atol=1e-5)
+    # SCAFFOLD's control variates remove the drift: the MAP is the fixed point for every T
+    corrected = simulate(0, fedavg(model, W, eta, steps, control_variates=scaffold.scaffold()), data, np.zeros(2), 80)
+    np.testing.assert_allclose(corrected.samples[0, -1], mode, rtol=1e-5, atol=1e-5)
+    assert corrected.total_bits_up[0] == 2 * res.total_bits_up[0]  # h_c rides with the change
 
 
 def test_fedavg_aggregation_and_compression():
@@ -363,9 +366,9 @@ def test_fedavg_aggregation_and_compression():
                                  ("unbiased", np.array([W[0] / 0.5, 0, W[2] / 0.8]))):
         sampler = fedavg(model, W, 0.1, participation=scheme, aggregation=aggregation)
         state, _ = sampler.init(None, theta)
-        new, _, _ = sampler.server_step(None, state, deltas, mask, 0)
+        new, _, _ = sampler.server_step(None, state, FedAvgUpload(deltas), mask, 0)
         np.testing.assert_allclose(new.position, theta + weights @ np.asarray(deltas), rtol=1e-6)
-        empty, _, _ = sampler.server_step(None, state, deltas, jnp.zeros(3, bool), 0)
+        empty, _, _ = sampler.server_step(None, state, FedAvgUpload(deltas), jnp.zeros(3, bool), 0)
         np.testing.assert_array_equal(empty.position, theta)
     # compressed uploads: unbiased, so the iterates still approach the fixed point, and cheaper
     plain = simulate(0, fedavg(model, W, 0.3, 1), data, np.zeros(2), 100, num_chains=200)

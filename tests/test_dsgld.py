@@ -19,7 +19,8 @@ from fedmcmc.data.federated import from_clients
 from fedmcmc.data.synthetic import logistic_regression_data
 from fedmcmc.models import gaussian_mean, linear_regression, logistic_regression
 from fedmcmc.samplers import cg_dsgld, dsgld, sgld
-from fedmcmc.samplers.dsgld import conducive_term, drift_estimate
+from fedmcmc.estimators.conducive import conducive_gradient, conducive_term
+from fedmcmc.samplers.dsgld import drift_estimate
 from fedmcmc.runtime.simulator import simulate
 from harness import Z, assert_close, check_gaussian
 
@@ -66,7 +67,10 @@ def test_conducive_estimator_is_unbiased(alpha):
         s = jax.random.categorical(key_s, jnp.log(jnp.asarray(f)))
         cd = jax.tree_util.tree_map(lambda a: a[s], clients)
         term = jax.tree_util.tree_map(lambda a: a[s], stacked)
-        return drift_estimate(key_b, model, oracle, theta, cd, jnp.asarray(f)[s], term, alpha)
+        def v_s(key, theta):
+            return drift_estimate(key, model, oracle, theta, cd, jnp.asarray(f)[s])
+
+        return conducive_gradient(v_s, term, alpha)(key_b, theta)
 
     draws = np.asarray(jax.jit(jax.vmap(one))(jax.random.split(jax.random.PRNGKey(0), 40_000)), np.float64)
     assert_close(draws, np.asarray(full_gradient(model, data, theta)), f"E[v_s + {alpha} g_s]")
@@ -95,10 +99,13 @@ def test_exact_surrogates_cancel_the_shard_bias(which):
         exact = np.asarray(full_gradient(model, data, jnp.asarray(theta)))
         scale = np.max(np.abs(exact)) + 1.0
         for i in range(b):
+            def v_s(key, theta, i=i):
+                return drift_estimate(key, model, oracle, theta, data.client(i), f[i])
+
             for t in (terms[i], laplace_terms[i]):
-                v = np.asarray(drift_estimate(None, model, oracle, jnp.asarray(theta), data.client(i), f[i], t))
+                v = np.asarray(conducive_gradient(v_s, t, 1.0)(None, jnp.asarray(theta)))
                 np.testing.assert_allclose(v, exact, atol=2e-4 * scale * b)
-            biased = np.asarray(drift_estimate(None, model, oracle, jnp.asarray(theta), data.client(i), f[i]))
+            biased = np.asarray(v_s(None, jnp.asarray(theta)))
             assert np.max(np.abs(biased - exact)) > 0.1 * scale  # DSGLD alone is off on each shard
 
 

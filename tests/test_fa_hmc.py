@@ -12,10 +12,12 @@ from fedmcmc import from_clients, simulate
 from fedmcmc.samplers import participation
 from fedmcmc.compression import quantization
 from fedmcmc.data.synthetic import logistic_regression_data
-from fedmcmc.evaluation.laws import fa_hmc_law, round_period
+from fedmcmc.evaluation.laws import fa_hmc_law
 from fedmcmc.models import gaussian_factors, logistic_regression
 from fedmcmc.samplers import fa_hmc, fa_ld
-from fedmcmc.samplers.fa_hmc import FAUpload, leapfrog, round_trajectories
+from fedmcmc.samplers.fa_hmc import FAUpload
+from fedmcmc.samplers.integrators import leapfrog
+from fedmcmc.samplers.trajectories import round_period, round_trajectories
 
 # Three clients with unequal weights and heterogeneous local posteriors (curvature, centre):
 # client c holds factors whose local potential f^(c) = U_c / w_c is (lam_c / 2)||theta - mu_c||^2.

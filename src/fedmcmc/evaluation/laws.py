@@ -20,13 +20,12 @@ and always on the trajectory clock).
 
 from __future__ import annotations
 
-from math import gcd
 from typing import NamedTuple
 
 import numpy as np
 from scipy import linalg
 
-from fedmcmc.samplers.fa_hmc import steps_per_round
+from fedmcmc.samplers.trajectories import round_period, steps_per_round
 
 
 class AffineGaussian(NamedTuple):
@@ -134,12 +133,6 @@ def fa_hmc_round_map(curvatures, centres, weights, step_size: float, num_leapfro
     return law.then(A, b)
 
 
-def round_period(num_leapfrog: int, local_steps: int, clock: str = "leapfrog") -> int:
-    """``P = K / gcd(K, S)``: the rounds' maps repeat every ``P`` rounds (``S`` steps per round)."""
-    K = int(num_leapfrog)
-    return K // gcd(K, steps_per_round(K, int(local_steps), clock))
-
-
 def fa_hmc_law(curvatures, centres, weights, step_size: float, num_leapfrog: int, local_steps: int,
                correlation: float = 0.0, gradient_noise: float = 0.0, debiased: bool = False,
                theta0: float = 0.0, rounds: int | None = None, clock: str = "leapfrog",
@@ -156,8 +149,9 @@ def fa_hmc_law(curvatures, centres, weights, step_size: float, num_leapfrog: int
         The deterministic start.
     rounds
         Return the law after rounds ``0..rounds``; if None, the stationary law: arrays of
-        ``P`` entries (:func:`round_period`), entry ``i`` the law after ``r`` rounds with
-        ``r = i (mod P)`` (one entry when ``K`` divides the steps per round).
+        ``P`` entries (:func:`fedmcmc.samplers.trajectories.round_period`), entry ``i`` the
+        law after ``r`` rounds with ``r = i (mod P)`` (one entry when ``K`` divides the steps
+        per round).
 
     Other parameters as :func:`fedmcmc.samplers.fa_hmc`.
     """

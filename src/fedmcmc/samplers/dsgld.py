@@ -18,7 +18,8 @@ chain follows shard ``s`` alone: with many local steps it drifts towards
 
     g_s(theta) = grad log q(theta) - (1 / f_s) grad log q_s(theta),     q = prod_s q_s,
 
-where ``q_s`` is a surrogate of shard ``s``'s density (:mod:`fedmcmc.estimators.surrogates`). ``g_s`` has
+where ``q_s`` is a surrogate of shard ``s``'s density (:mod:`fedmcmc.estimators.surrogates`), added
+by a wrapper of the shard's estimator (:mod:`fedmcmc.estimators.conducive`). ``g_s`` has
 mean zero over ``s`` for any surrogates (their Lemma 1), so ``v_s + alpha g_s`` stays unbiased
 for every ``alpha > 0``. If ``q_s`` is exact up to a constant, as it is for conjugate Gaussian
 models, ``v_s + g_s`` equals the full-data gradient plus minibatch noise: the shard bias
@@ -31,9 +32,8 @@ the prior enters ``v_s`` only, exactly.
 
 **Communication.** Each round is one visit: the server sends ``theta`` (32 bits a
 coordinate) and the shard returns the visit's draws, the last of which is the new ``theta``.
-CG-DSGLD starts with a setup exchange: every shard fits ``q_s`` and uploads it once, the
-server sends ``q`` to every shard once (:func:`fedmcmc.estimators.surrogates.surrogate_bits` each way: a
-full precision travels as its upper triangle, :func:`fedmcmc.estimators.surrogates.pack`).
+CG-DSGLD starts with the setup exchange of :class:`fedmcmc.estimators.conducive.Conducive`:
+every shard fits ``q_s`` and uploads it once, and receives ``q`` once.
 
 **Draws.** The chain's samples are its local iterates, every ``record_every`` local steps
 (El Mekkaoui et al. keep every 100th). With ``record_every < L`` a round yields
@@ -47,10 +47,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedmcmc.core import checks
-from fedmcmc.estimators import gradients, surrogates as surrogates_lib
+from fedmcmc.estimators import gradients
+from fedmcmc.estimators.conducive import Conducive, conducive as conducive_gradients
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model, Setup, per_client_count
 from fedmcmc.samplers.integrators import langevin_step, step_size_at
@@ -71,42 +71,15 @@ class DSGLDUpload(NamedTuple):
     draws: Any
 
 
-class ConduciveTerm(NamedTuple):
-    """A shard's conducive gradient in closed form, ``g_s(theta) = offset - matrix theta``:
-    ``matrix = L - L_s / f_s`` and ``offset = e - e_s / f_s`` (``()`` fields for DSGLD)."""
-
-    matrix: Any = ()
-    offset: Any = ()
-
-
-class CGClientState(NamedTuple):
-    """A CG-DSGLD shard's state: its probability ``f_s``, its own surrogate ``q_s``, and its
-    conducive term once the setup exchange has brought ``q``."""
-
-    share: Any
-    surrogate: Any
-    conducive: ConduciveTerm
-
-
-def conducive_term(q: surrogates_lib.GaussianSurrogate, q_s: surrogates_lib.GaussianSurrogate, f_s) -> ConduciveTerm:
-    """``g_s(theta) = grad log q(theta) - (1 / f_s) grad log q_s(theta)`` as ``offset - matrix theta``."""
-    return ConduciveTerm(q.precision - q_s.precision / f_s, q.shift - q_s.shift / f_s)
-
-
-def drift_estimate(key, model: Model, oracle, theta, client_data, f_s, term: ConduciveTerm | None = None,
-                   alpha=1.0):
-    """``v_s(theta) + alpha g_s(theta)`` on shard ``s`` (``v_s`` alone if ``term`` is None), with
-    ``oracle`` a minibatch estimate of ``-sum_{x in shard} grad log p(x | theta)``."""
-    v = jax.grad(model.log_prior)(theta) - oracle(key, theta, client_data) / f_s
-    if term is not None:
-        v = v + alpha * (term.offset - surrogates_lib.matvec(term.matrix, theta))
-    return v
+def drift_estimate(key, model: Model, oracle, theta, client_data, f_s):
+    """``v_s(theta)`` on shard ``s``, with ``oracle`` a minibatch estimate of
+    ``-sum_{x in shard} grad log p(x | theta)``."""
+    return jax.grad(model.log_prior)(theta) - oracle(key, theta, client_data) / f_s
 
 
 def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, record_every: int | None = None,
-          surrogate=None, alpha: float = 1.0, name: str | None = None,
-          likelihood_only: bool = False) -> FederatedSampler:
-    """Build DSGLD, or CG-DSGLD when ``surrogate`` is given (see the module docstring).
+          name: str = "dsgld", conducive: Conducive | None = None) -> FederatedSampler:
+    """Build DSGLD, or CG-DSGLD with a ``conducive`` estimator (see the module docstring).
 
     Parameters
     ----------
@@ -123,14 +96,8 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
         ``m``, minibatch size per shard (one for all or one per shard); full shards if None.
     record_every
         Local steps between recorded draws; must divide ``L``. Default ``L`` (one draw a visit).
-    surrogate
-        A surrogate fitter from :mod:`fedmcmc.estimators.surrogates` (``taylor``, ``laplace``,
-        ``sgld_moments``) for CG-DSGLD; None for DSGLD.
-    alpha
-        ``alpha > 0``, the scale of the conducive gradient (CG-DSGLD only).
-    likelihood_only
-        Fit each ``q_s`` to ``p(x_s | theta)`` (prior share 0) instead of
-        ``p(theta)^{f_s} p(x_s | theta)`` (CG-DSGLD only; see the module docstring).
+    conducive
+        Conducive gradients with their setup exchange (CG-DSGLD, :func:`cg_dsgld`); None for DSGLD.
     """
     step_size = checks.step_size(step_size)
     f_np = checks.per_client("shard probabilities f_s", probs, sums_to_one=True,
@@ -142,14 +109,9 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
                          f"({local_steps}); thin across visits with the runtime's thinning instead")
     record_every = int(record_every)
     num_draws = local_steps // record_every
-    alpha = checks.positive("alpha", alpha, "; it scales the conducive gradient")
-    conducive = surrogate is not None
-    if name is None:
-        name = "cg-dsgld" if conducive else "dsgld"
     participation = participation_lib.categorical(f_np)
     oracle = gradients.minibatch_gradient(model, batch_size)
     f_all = jnp.asarray(f_np, jnp.float32)
-    alpha32 = np.float32(alpha)
 
     def init(key, theta0):
         del key
@@ -157,19 +119,18 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
         return DSGLDState(theta0, jnp.broadcast_to(theta0, (num_draws,) + theta0.shape)), Broadcast(theta0)
 
     def client_init(key, broadcast, client_data):
-        if not conducive:
+        if conducive is None:
             return ()
-        f_s = f_all[client_data.index]
-        shapes = jax.eval_shape(lambda *a: surrogate(a[0], model, *a[1:]), key, client_data, broadcast.position, f_s)
-        zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
-        return CGClientState(f_s, zeros, ConduciveTerm(zeros.precision, zeros.shift))
+        return conducive.init(key, model, client_data, broadcast.position, f_all[client_data.index])
 
     def client_step(key, client_state, broadcast, client_data, k):
         f_s = f_all[client_data.index]
-        term = client_state.conducive if conducive else None
 
         def drift(key_grad, theta):
-            return drift_estimate(key_grad, model, oracle, theta, client_data, f_s, term, alpha32)
+            return drift_estimate(key_grad, model, oracle, theta, client_data, f_s)
+
+        if conducive is not None:
+            drift = conducive.wrap(drift, client_state)
 
         def step(j, carry):
             theta, draws = carry
@@ -191,40 +152,34 @@ def dsgld(model: Model, probs, step_size, local_steps: int, batch_size=None, rec
         h = step_size_at(step_size, k * local_steps)
         return new, Broadcast(new.position), ServerInfo(step_size=h, broadcast_bits=float_bits(new.position))
 
-    setup = None
-    if conducive:
-        def setup_client(key, client_state, broadcast, client_data):
-            share = jnp.zeros_like(client_state.share) if likelihood_only else client_state.share
-            q_s = surrogate(key, model, client_data, broadcast.position, share)
-            return client_state._replace(surrogate=q_s), surrogates_lib.pack(q_s), ClientInfo(bits=_bits(q_s))
-
-        def setup_server(key, server_state, uploads):
-            del key
-            q = surrogates_lib.product(jax.vmap(surrogates_lib.unpack)(uploads))
-            return (server_state, surrogates_lib.pack(q),
-                    ServerInfo(step_size=jnp.zeros((), jnp.float32), broadcast_bits=_bits(q)))
-
-        def receive(client_state, message):
-            q = surrogates_lib.unpack(message)
-            return client_state._replace(conducive=conducive_term(q, client_state.surrogate, client_state.share))
-
-        setup = Setup(setup_client, setup_server, receive)
-
+    setup = None if conducive is None else _setup(conducive, model)
     clients = per_client_count(f_np, batch_size) or f_np.size
     return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients,
                             setup=setup, draws_per_round=num_draws)
 
 
-def _bits(q: surrogates_lib.GaussianSurrogate):
-    d = q.shift.shape[-1]
-    return jnp.asarray(surrogates_lib.surrogate_bits(d, "diag" if q.diagonal else "full"), jnp.int32)
+def _setup(conducive: Conducive, model: Model) -> Setup:
+    """CG-DSGLD's setup exchange: every shard uploads ``q_s``, every shard receives ``q``."""
+
+    def client(key, client_state, broadcast, client_data):
+        state, message, bits = conducive.upload(key, model, client_state, client_data, broadcast.position)
+        return state, message, ClientInfo(bits=bits)
+
+    def server(key, server_state, uploads):
+        del key
+        message, bits = conducive.combine(uploads)
+        return server_state, message, ServerInfo(step_size=jnp.zeros((), jnp.float32), broadcast_bits=bits)
+
+    return Setup(client, server, conducive.receive)
 
 
 def cg_dsgld(model: Model, probs, step_size, local_steps: int, surrogate=None, batch_size=None,
              record_every: int | None = None, alpha: float = 1.0, name: str = "cg-dsgld",
              likelihood_only: bool = False) -> FederatedSampler:
-    """CG-DSGLD / FSGLD: DSGLD with conducive gradients from Gaussian shard surrogates
-    (``surrogates.taylor()``, exact for conjugate Gaussian models, if None). Parameters as :func:`dsgld`."""
-    surrogate = surrogates_lib.taylor() if surrogate is None else surrogate
-    return dsgld(model, probs, step_size, local_steps, batch_size, record_every, surrogate, alpha, name,
-                 likelihood_only)
+    """CG-DSGLD / FSGLD: DSGLD with conducive gradients (:func:`fedmcmc.estimators.conducive.conducive`)
+    from Gaussian shard surrogates ``surrogate`` (``surrogates.taylor()``, exact for conjugate
+    Gaussian models, if None), scaled by ``alpha > 0``; ``likelihood_only`` fits each ``q_s`` to
+    ``p(x_s | theta)`` (prior share 0) instead of ``p(theta)^{f_s} p(x_s | theta)`` (see the
+    module docstring). Other parameters as :func:`dsgld`."""
+    return dsgld(model, probs, step_size, local_steps, batch_size, record_every, name,
+                 conducive_gradients(surrogate, alpha, likelihood_only))

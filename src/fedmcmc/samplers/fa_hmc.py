@@ -13,15 +13,13 @@ enters ``f`` once).
     theta' = theta + eta p - (eta^2 / 2) g(theta, xi_k),
     p'     = p - (eta / 2) g(theta, xi_k) - (eta / 2) g(theta', xi_{k+1/2}),
 
-written as kick ``(eta / 2)``, drift ``eta``, kick ``(eta / 2)``. ``g`` is a stochastic gradient of
-``f^(c)``: exact, a minibatch estimate, or exact plus N(0, sigma^2 I) noise (the paper's SG
-setting). Every half-kick draws its own gradient: the closing half-kick of a step uses
-``xi_{k+1/2}`` and the next step's opening half-kick a fresh ``xi_{k+1}`` at the same point, so
-the momentum receives two independent gradient noises of weight ``eta / 2`` per interior point
-(variance ``eta^2 sigma^2 / 2`` per step, not the ``eta^2 sigma^2`` of one reused draw). Only
-what is deterministic is reused: the exact gradient (so exact runs cost one gradient a step),
-and the exact part of an exact-plus-noise gradient (a fresh noise, no new evaluation); a
-minibatch gradient costs two evaluations a step.
+written as kick ``(eta / 2)``, drift ``eta``, kick ``(eta / 2)``
+(:func:`fedmcmc.samplers.integrators.leapfrog_step`). ``g`` is a stochastic gradient of ``f^(c)``: exact, a
+minibatch estimate, or exact plus N(0, sigma^2 I) noise (the paper's SG setting,
+:func:`fedmcmc.estimators.stochastic.gaussian_noise`). Every half-kick draws its own gradient,
+so the momentum receives two independent gradient noises of weight ``eta / 2`` per interior
+point (variance ``eta^2 sigma^2 / 2`` per step, not the ``eta^2 sigma^2`` of one reused draw);
+only what is deterministic is reused.
 
 **Momentum.** A trajectory is ``K`` leapfrog steps; at its start every client draws
 
@@ -82,15 +80,13 @@ p``: FA-LD with learning rate ``eta^2 / 2``, the form :func:`fa_ld` exposes.
 
     g(theta) - h_c + sum_j w_j h_j,      h_j = grad f^(j)(theta_s) (exact),
 
-where ``theta_s`` is the synchronisation point at which every ``h_j`` was computed. Each
-client computes ``h_c`` at the ``theta`` it receives and uploads it with its change (32 bits
-a coordinate); the server broadcasts ``sum_j w_j h_j`` with the next ``theta``, so the
-correction of a round uses the gradients of the previous synchronisation (``theta_{t-T}`` in
-Algorithm B.2), as SCAFFOLD's control variates do, at no extra round trip. On either clock
-the synchronisations are the rounds. Summed over clients the correction is zero, so the
-averaged drift is exactly ``grad f``; what it removes is the client drift caused by
-heterogeneous local potentials. In the first round no ``h`` is known and the correction is
-zero. Under partial participation the server keeps the last ``h_j`` of every client.
+where ``theta_s`` is the synchronisation point at which every ``h_j`` was computed: SCAFFOLD's
+control variates (:mod:`fedmcmc.estimators.scaffold`). Each client computes ``h_c`` at the
+``theta`` it receives and uploads it with its change; the server broadcasts ``sum_j w_j h_j``
+with the next ``theta``, so the correction of a round uses the gradients of the previous
+synchronisation (``theta_{t-T}`` in Algorithm B.2). On either clock the synchronisations are
+the rounds. Summed over clients the correction is zero, so the averaged drift is exactly
+``grad f``; what it removes is the client drift caused by heterogeneous local potentials.
 
 **Beyond the paper.** Compressed uploads keep the server's update unbiased given the local
 trajectories (``E C(Delta) = Delta``), but add variance: the chain's stationary law widens.
@@ -108,23 +104,25 @@ fold_in(fold_in(fold_in(key_grad, 0), 1), t)``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.core import checks
-from fedmcmc.estimators import gradients
-from fedmcmc.samplers import participation as participation_lib
-from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
+from fedmcmc.core import checks
+from fedmcmc.core.base import Compressor, FederatedSampler, Model, Participation, per_client_count
+from fedmcmc.core.types import Schedule
+from fedmcmc.estimators import gradients, scaffold
+from fedmcmc.estimators.stochastic import StochasticGradient, gaussian_noise
+from fedmcmc.samplers import participation as participation_lib
+from fedmcmc.samplers.integrators import leapfrog_step, step_size_at
 from fedmcmc.samplers.messages import ClientInfo, ServerInfo, float_bits
-from fedmcmc.core.types import resolve_schedule
+from fedmcmc.samplers.trajectories import run_round, round_trajectories, steps_per_round
 
 _SEED_BITS = 64  # the shared momentum seed is one PRNG key: two uint32
-#: What ``local_steps`` (T) counts: leapfrog steps (the paper's experiments) or trajectories (Algorithm 3).
-CLOCKS = ("leapfrog", "trajectory")
 #: What happens to the clients' momenta at a synchronisation inside a trajectory.
 MOMENTUM_SYNCS = ("local", "average")
 
@@ -189,102 +187,115 @@ class FAUpload(NamedTuple):
     momentum: Any = ()
 
 
-class StochasticGradient(NamedTuple):
-    """A stochastic gradient ``g(xi, theta) = m(xi, theta) + e(xi)``: an evaluation ``m`` and an
-    additive noise ``e``.
+class _Settings(NamedTuple):
+    """What the steps of a built FA-HMC use (checked by :func:`fa_hmc`)."""
 
-    Attributes
-    ----------
-    evaluate
-        ``evaluate(key, theta)``: the evaluation ``m``, exact or a minibatch estimate.
-    noise
-        ``noise(key, theta)``: zero-mean noise added to every draw (e.g. N(0, sigma^2 I)), or None.
-    deterministic
-        ``evaluate`` ignores its key (an exact gradient): a new draw at the same point reuses the
-        evaluation and draws only a new noise.
-    """
-
-    evaluate: Callable[[Any, Any], Any]
-    noise: Callable[[Any, Any], Any] | None = None
-    deterministic: bool = False
-
-    def sample(self, key, theta, evaluation=None):
-        """A draw at ``theta`` with its own randomness ``key``; returns ``(g, m)``, the draw and
-        its evaluation. ``evaluation``, the one at ``theta``, is reused if ``deterministic``."""
-        key_eval, key_noise = jax.random.split(key)
-        m = evaluation if self.deterministic and evaluation is not None else self.evaluate(key_eval, theta)
-        return (m if self.noise is None else m + self.noise(key_noise, theta)), m
+    model: Model
+    weights: Any                 # w_c, float32 [b]
+    step_size: Schedule
+    num_leapfrog: int
+    steps: int                   # leapfrog steps per round
+    sqrt_rho: Any
+    sqrt_1m_rho: Any
+    oracle: Callable
+    exact: bool                  # exact gradients (no minibatches)
+    gradient_noise: float
+    control: scaffold.ControlVariates
+    compressor: Compressor
+    participation: Participation
+    keep_momentum: bool          # a client's momentum crosses synchronisations
+    average_momentum: bool       # the momenta are averaged at synchronisations
 
 
-def as_stochastic_gradient(grad) -> StochasticGradient:
-    """``grad`` itself if a :class:`StochasticGradient`, else ``grad(key, theta)`` as one (a fresh
-    evaluation at every draw)."""
-    return grad if isinstance(grad, StochasticGradient) else StochasticGradient(grad)
+def _potential_gradient(s: _Settings, gradient, theta, w_c):
+    """``grad f^(c) = grad U_c / w_c - grad log prior`` from ``gradient``, an estimate of ``grad U_c``."""
+    return gradient / w_c - jax.grad(s.model.log_prior)(theta)
 
 
-def leapfrog_step(grad: StochasticGradient, key, theta, momentum, evaluation, step_size):
-    """One stochastic leapfrog step (Algorithm 1) with two independent gradient draws:
+def _client_gradient(s: _Settings, client_data, w_c, correction, anchor) -> StochasticGradient:
+    """The stochastic gradient of f^(c), with the control-variate correction and the gradient noise."""
 
-        p_half = p - (eta / 2) g(theta, xi_k),    theta' = theta + eta p_half,
-        p'     = p_half - (eta / 2) g(theta', xi_{k+1/2}),
+    def evaluate(key, theta):
+        return _potential_gradient(s, s.oracle(key, theta, client_data), theta, w_c)
 
-    the opening draw from ``fold_in(key, 0)`` and the closing one from ``fold_in(key, 1)``.
-    ``evaluation`` is the one at ``theta`` (reused only by a deterministic ``grad``). Returns
-    ``(theta', p', m')`` with ``m'`` the evaluation at ``theta'``.
-    """
-    g, _ = grad.sample(jax.random.fold_in(key, 0), theta, evaluation)
-    p = momentum - 0.5 * step_size * g
-    theta = theta + step_size * p
-    g, evaluation = grad.sample(jax.random.fold_in(key, 1), theta)
-    return theta, p - 0.5 * step_size * g, evaluation
+    evaluate = s.control.correct(evaluate, correction, anchor)
+    return gaussian_noise(StochasticGradient(evaluate, deterministic=s.exact), s.gradient_noise)
 
 
-def leapfrog(grad, key, theta, momentum, evaluation, step_size, num_steps: int):
-    """``num_steps`` stochastic leapfrog steps (:func:`leapfrog_step`) of size ``step_size``.
-
-    ``grad`` is a :class:`StochasticGradient` or a function ``grad(key, theta)`` (then drawn
-    anew at every half-kick); step ``i`` draws from ``fold_in(key, i)``. ``evaluation`` is the
-    gradient evaluation at ``theta`` (used only by a deterministic gradient, so a trajectory of
-    exact gradients costs ``num_steps`` evaluations), or None. Returns ``(theta, momentum,
-    evaluation)`` with ``evaluation`` the one at the final ``theta``.
-    """
-    grad = as_stochastic_gradient(grad)
-    if evaluation is None:
-        evaluation = grad.evaluate(key, theta) if grad.deterministic else jnp.zeros_like(theta)
-
-    def step(i, carry):
-        return leapfrog_step(grad, jax.random.fold_in(key, i), *carry, step_size)
-
-    return jax.lax.fori_loop(0, num_steps, step, (theta, momentum, evaluation))
+def _draw_momentum(s: _Settings, seed, key_grad, j, w_c, like):
+    """The momentum of the round's j-th trajectory: shared xi from the seed, private xi^(c)."""
+    xi = jax.random.normal(jax.random.fold_in(seed, j), like.shape, like.dtype)
+    xi_c = jax.random.normal(jax.random.fold_in(jax.random.fold_in(key_grad, j), 0), like.shape, like.dtype)
+    return s.sqrt_rho * xi + (s.sqrt_1m_rho / jnp.sqrt(w_c)) * xi_c
 
 
-def steps_per_round(num_leapfrog: int, local_steps: int, clock: str) -> int:
-    """Leapfrog steps per round: ``T`` on the leapfrog clock, ``K T`` on the trajectory clock."""
-    checks.choice("clock", clock, CLOCKS, ': "leapfrog" (T counts leapfrog steps, the paper\'s experiments) or '
-                  '"trajectory" (T counts trajectories of K steps, Algorithm 3)')
-    return local_steps * num_leapfrog if clock == "trajectory" else local_steps
+def _eta_at(s: _Settings, counter):
+    return step_size_at(s.step_size, counter)
 
 
-def round_trajectories(k, steps: int, num_leapfrog: int):
-    """Where the trajectories of round ``k`` start, for ``steps`` leapfrog steps per round.
+def _init(s: _Settings, key, theta0):
+    theta0 = jnp.asarray(theta0, jnp.float32)
+    anchors, correction = s.control.init(s.weights.shape[0], theta0)
+    momentum = jnp.zeros_like(theta0) if s.average_momentum else ()  # round 0 starts a trajectory
+    return FAState(theta0, anchors, momentum), FABroadcast(theta0, key, correction, momentum)
 
-    Returns ``(first, count, counter)``: the first trajectory starts at the round's local step
-    ``first`` (``0 <= first < K``; the steps before it finish the previous one), ``count``
-    trajectories start in the round (at ``first + j K``), and ``counter`` is the global index
-    ``floor(n / K)`` of the trajectory running at the round's first step. Static Python ints
-    when ``K`` divides ``steps``; otherwise computed from ``k`` without forming ``k * steps``
-    (no int32 overflow in long runs).
-    """
-    K = num_leapfrog
-    q, r = divmod(steps, K)
-    if r == 0:
-        return 0, q, k * q
-    k_mod = k % K
-    offset = (k_mod * r) % K                      # (k * steps) mod K
-    first = (K - offset) % K
-    count = (steps - first + K - 1) // K
-    counter = k * q + (k // K) * r + (k_mod * r) // K  # floor(k * steps / K)
-    return first, count, counter
+
+def _client_init(s: _Settings, key, broadcast, client_data):
+    anchor = s.control.client_init(broadcast.position)
+    momentum = ()
+    if s.keep_momentum:  # redrawn at step 0; a client absent from round 0 starts with this draw
+        w_c = s.weights[client_data.index]
+        momentum = _draw_momentum(s, broadcast.seed, key, 0, w_c, broadcast.position)
+    return FAClientState(s.compressor.init(broadcast.position, client_data.index), anchor, momentum)
+
+
+def _client_step(s: _Settings, key, client_state, broadcast, client_data, k):
+    w_c = s.weights[client_data.index]
+    theta0 = broadcast.position
+    key_grad, key_comp = jax.random.split(key)
+    key_steps = jax.random.fold_in(jax.random.fold_in(key_grad, 0), 1)
+    grad = _client_gradient(s, client_data, w_c, broadcast.correction, client_state.anchor)
+    # the evaluation at theta0, reused by the first half-kick if the gradient is exact
+    m0 = grad.evaluate(key_grad, theta0) if grad.deterministic else jnp.zeros_like(theta0)
+    if s.keep_momentum:
+        p0 = client_state.momentum
+    elif s.average_momentum:
+        p0 = broadcast.momentum
+    else:
+        p0 = jnp.zeros_like(theta0)  # never used: the round starts a trajectory
+
+    def step(t, carry, eta):
+        return leapfrog_step(grad, jax.random.fold_in(key_steps, t), *carry, eta)
+
+    def draw(j, theta):
+        return _draw_momentum(s, broadcast.seed, key_grad, j, w_c, theta)
+
+    theta, p, _ = run_round(step, draw, partial(_eta_at, s), k, s.steps, s.num_leapfrog, (theta0, p0, m0))
+    message, comp_state, cinfo = s.compressor.apply(key_comp, theta - theta0, client_state.compressor)
+
+    def exact(theta):
+        return _potential_gradient(s, gradients.local_gradient(s.model, theta, client_data), theta, w_c)
+
+    anchor = s.control.refresh(exact, theta0)
+    momentum_up = p - p0 if s.average_momentum else ()
+    state = FAClientState(comp_state, anchor, p if s.keep_momentum else ())
+    bits = cinfo.bits + float_bits(anchor) + float_bits(momentum_up)
+    return state, FAUpload(message, anchor, momentum_up), ClientInfo(bits=bits)
+
+
+def _server_step(s: _Settings, key, server_state, uploads, mask, k):
+    a = s.participation.weights(mask) * s.weights
+    position = server_state.position + jnp.tensordot(a, jax.vmap(s.compressor.decode)(uploads.delta), axes=1)
+    anchors, correction = s.control.aggregate(server_state.anchors, uploads.anchor, mask, s.weights)
+    momentum = ()
+    if s.average_momentum:
+        momentum = server_state.momentum + jnp.tensordot(a, uploads.momentum, axes=1)
+    new = participation_lib.hold_if_empty(s.participation, mask, FAState(position, anchors, momentum),
+                                          server_state)
+    eta = _eta_at(s, round_trajectories(k, s.steps, s.num_leapfrog)[2])
+    broadcast = FABroadcast(new.position, key, correction, new.momentum)
+    bits = float_bits(new.position) + _SEED_BITS + float_bits(correction) + float_bits(new.momentum)
+    return new, broadcast, ServerInfo(step_size=eta, broadcast_bits=jnp.asarray(bits, jnp.int32))
 
 
 def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int, correlation: float = 0.0,
@@ -338,130 +349,24 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
     steps = steps_per_round(num_leapfrog, local_steps, clock)
     checks.choice("momentum_sync", momentum_sync, MOMENTUM_SYNCS, ': "local" (each client keeps its momentum) or '
                   '"average" (momenta averaged with the positions)')
-    correlation = checks.unit_interval("correlation rho", correlation)
+    rho = checks.unit_interval("correlation rho", correlation)
     gradient_noise = checks.non_negative("gradient_noise", gradient_noise, " (a standard deviation)")
     compressor = identity() if compressor is None else compressor
     participation = participation_lib.full() if participation is None else participation
-    oracle = gradients.minibatch_gradient(model, batch_size)
-    w_all = jnp.asarray(w_np, jnp.float32)
-    rho = float(correlation)
-    sqrt_rho, sqrt_1m_rho = np.float32(np.sqrt(rho)), np.float32(np.sqrt(1.0 - rho))
     # momenta cross a synchronisation only if a round can end inside a trajectory
     spanning = steps % num_leapfrog != 0
-    keep_momentum = spanning and momentum_sync == "local"
-    average_momentum = spanning and momentum_sync == "average"
-
-    def client_gradient(client_data, w_c, shift) -> StochasticGradient:
-        """The stochastic gradient of f^(c) (plus the de-biasing shift, if any)."""
-
-        def evaluate(key, theta):
-            g = oracle(key, theta, client_data) / w_c - jax.grad(model.log_prior)(theta)
-            return g if shift is None else g + shift
-
-        noise = None
-        if gradient_noise > 0:
-            def noise(key, theta):
-                return np.float32(gradient_noise) * jax.random.normal(key, theta.shape, theta.dtype)
-        return StochasticGradient(evaluate, noise, deterministic=batch_size is None)
-
-    def exact_local_grad(theta, client_data, w_c):
-        return gradients.local_gradient(model, theta, client_data) / w_c - jax.grad(model.log_prior)(theta)
-
-    def draw_momentum(seed, key_grad, j, w_c, like):
-        """The momentum of the round's j-th trajectory: shared xi from the seed, private xi^(c)."""
-        xi = jax.random.normal(jax.random.fold_in(seed, j), like.shape, like.dtype)
-        xi_c = jax.random.normal(jax.random.fold_in(jax.random.fold_in(key_grad, j), 0), like.shape, like.dtype)
-        return sqrt_rho * xi + (sqrt_1m_rho / jnp.sqrt(w_c)) * xi_c
-
-    def eta_at(counter):
-        return jnp.asarray(resolve_schedule(step_size, counter), jnp.float32)
-
-    def init(key, theta0):
-        theta0 = jnp.asarray(theta0, jnp.float32)
-        anchors = jnp.zeros((w_np.size,) + theta0.shape, jnp.float32) if debiased else ()
-        correction = jnp.zeros_like(theta0) if debiased else ()
-        momentum = jnp.zeros_like(theta0) if average_momentum else ()  # round 0 starts a trajectory
-        return FAState(theta0, anchors, momentum), FABroadcast(theta0, key, correction, momentum)
-
-    def client_init(key, broadcast, client_data):
-        anchor = jnp.zeros_like(broadcast.position) if debiased else ()
-        momentum = ()
-        if keep_momentum:  # redrawn at step 0; a client absent from round 0 starts with this draw
-            w_c = w_all[client_data.index]
-            momentum = draw_momentum(broadcast.seed, key, 0, w_c, broadcast.position)
-        return FAClientState(compressor.init(broadcast.position, client_data.index), anchor, momentum)
-
-    def client_step(key, client_state, broadcast, client_data, k):
-        w_c = w_all[client_data.index]
-        theta0 = broadcast.position
-        key_grad, key_comp = jax.random.split(key)
-        key_steps = jax.random.fold_in(jax.random.fold_in(key_grad, 0), 1)
-        shift = broadcast.correction - client_state.anchor if debiased else None
-        grad = client_gradient(client_data, w_c, shift)
-        # the evaluation at theta0, reused by the first half-kick if the gradient is exact
-        m0 = grad.evaluate(key_grad, theta0) if grad.deterministic else jnp.zeros_like(theta0)
-        if keep_momentum:
-            p0 = client_state.momentum
-        elif average_momentum:
-            p0 = broadcast.momentum
-        else:
-            p0 = jnp.zeros_like(theta0)  # never used: the round starts a trajectory
-
-        def run(start, length, eta, carry):
-            """Leapfrog steps start .. start + length - 1 of the round (length static if K | steps)."""
-            def step(i, c):
-                return leapfrog_step(grad, jax.random.fold_in(key_steps, start + i), *c, eta)
-            return jax.lax.fori_loop(0, length, step, carry)
-
-        first, count, counter = round_trajectories(k, steps, num_leapfrog)
-        carry = (theta0, p0, m0)
-        if spanning:  # finish the trajectory begun in an earlier round
-            carry = run(0, jnp.minimum(first, steps), eta_at(counter), carry)
-            counter = counter + (first > 0)
-
-        def trajectory(j, carry):
-            theta, _, m = carry
-            p = draw_momentum(broadcast.seed, key_grad, j, w_c, theta)
-            start = first + j * num_leapfrog
-            length = jnp.minimum(num_leapfrog, steps - start) if spanning else num_leapfrog
-            return run(start, length, eta_at(counter + j), (theta, p, m))
-
-        theta, p, _ = jax.lax.fori_loop(0, count, trajectory, carry)
-        message, comp_state, cinfo = compressor.apply(key_comp, theta - theta0, client_state.compressor)
-        bits = cinfo.bits
-        anchor = ()
-        if debiased:
-            anchor = exact_local_grad(theta0, client_data, w_c)
-            bits = bits + float_bits(anchor)
-        momentum_up = ()
-        if average_momentum:
-            momentum_up = p - p0
-            bits = bits + float_bits(momentum_up)
-        state = FAClientState(comp_state, anchor, p if keep_momentum else ())
-        return state, FAUpload(message, anchor, momentum_up), ClientInfo(bits=bits)
-
-    def server_step(key, server_state, uploads, mask, k):
-        a = participation.weights(mask) * w_all
-        position = server_state.position + jnp.tensordot(a, jax.vmap(compressor.decode)(uploads.delta), axes=1)
-        anchors, correction, momentum = (), (), ()
-        if debiased:
-            anchors = jnp.where(mask[:, None], uploads.anchor, server_state.anchors)
-            correction = jnp.tensordot(w_all, anchors, axes=1)
-        if average_momentum:
-            momentum = server_state.momentum + jnp.tensordot(a, uploads.momentum, axes=1)
-        new = participation_lib.hold_if_empty(participation, mask, FAState(position, anchors, momentum),
-                                              server_state)
-        eta = eta_at(round_trajectories(k, steps, num_leapfrog)[2])
-        broadcast = FABroadcast(new.position, key, correction, new.momentum)
-        bits = (float_bits(new.position) + _SEED_BITS + (float_bits(correction) if debiased else 0)
-                + (float_bits(new.momentum) if average_momentum else 0))
-        return new, broadcast, ServerInfo(step_size=eta, broadcast_bits=jnp.asarray(bits, jnp.int32))
-
-    clients = per_client_count(w_np, batch_size, compressor.omega(model.dim),
-                               known=(participation.num_clients,))
+    s = _Settings(model=model, weights=jnp.asarray(w_np, jnp.float32), step_size=step_size,
+                  num_leapfrog=num_leapfrog, steps=steps, sqrt_rho=np.float32(np.sqrt(rho)),
+                  sqrt_1m_rho=np.float32(np.sqrt(1.0 - rho)), oracle=gradients.minibatch_gradient(model, batch_size),
+                  exact=batch_size is None, gradient_noise=gradient_noise,
+                  control=scaffold.scaffold() if debiased else scaffold.none(), compressor=compressor,
+                  participation=participation, keep_momentum=spanning and momentum_sync == "local",
+                  average_momentum=spanning and momentum_sync == "average")
+    clients = per_client_count(w_np, batch_size, compressor.omega(model.dim), known=(participation.num_clients,))
     if clients is None:
         clients = w_np.size
-    return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients)
+    return FederatedSampler(partial(_init, s), partial(_client_init, s), partial(_client_step, s),
+                            partial(_server_step, s), participation, name, clients)
 
 
 def fa_ld(model: Model, weights, step_size, local_steps: int, correlation: float = 0.0, batch_size=None,

@@ -38,41 +38,148 @@ full-participation update. A round with no active client leaves ``theta`` where 
 With heterogeneous clients and ``T > 1`` the fixed point is *not* the MAP (client drift):
 on quadratic ``F_c`` local GD is an affine map per client and the fixed point of the
 averaged map is a reweighted combination of the local minimisers.
+
+**SCAFFOLD** (Karimireddy et al., ICML 2020): with ``control_variates=scaffold.scaffold()``
+(:mod:`fedmcmc.estimators.scaffold`) every local gradient becomes ``g_c - h_c + h``, with
+``h_c = grad F_c`` at the last synchronisation point the client saw and
+``h = sum_c w_c h_c`` (the gradient of ``sum_c w_c F_c``), which removes the client drift:
+the MAP is a fixed point for every ``T``. Each client uploads ``h_c`` and the server
+broadcasts ``h`` (32 bits a coordinate each way).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedmcmc.core import checks
-from fedmcmc.estimators import gradients
-from fedmcmc.samplers import participation as participation_lib
-from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
-from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo, float_bits
-from fedmcmc.core.types import resolve_schedule
+from fedmcmc.core import checks
+from fedmcmc.core.base import Compressor, FederatedSampler, Model, Participation, per_client_count
+from fedmcmc.core.types import Schedule
+from fedmcmc.estimators import gradients, scaffold
+from fedmcmc.samplers import participation as participation_lib
+from fedmcmc.samplers.integrators import step_size_at
+from fedmcmc.samplers.messages import ClientInfo, ServerInfo, float_bits
 
-AGGREGATIONS = ("mcmahan", "unbiased")
+
+def mcmahan(participation: Participation, mask, weights):
+    """McMahan et al.'s average of the active clients: ``a_c w_c = w_c / sum_{j in A} w_j`` (0 if none)."""
+    del participation  # the average does not depend on the scheme
+    m = mask.astype(jnp.float32)
+    active_weight = jnp.sum(m * weights)
+    return m * weights / jnp.maximum(active_weight, 1e-30)
+
+
+def unbiased(participation: Participation, mask, weights):
+    """The participation weights ``a_c`` (``b / |A|`` or ``1 / p_c``) times ``w_c``."""
+    return participation.weights(mask) * weights
+
+
+#: How the server weighs the active clients' changes.
+AGGREGATIONS = {"mcmahan": mcmahan, "unbiased": unbiased}
 
 
 class FedAvgState(NamedTuple):
-    """Server state: the averaged iterate (the "sample", a point estimate)."""
+    """Server state: the averaged iterate (the "sample", a point estimate), and the clients'
+    last control variates ``h_c`` (``[b, d]``, with SCAFFOLD only; else ``()``)."""
 
     position: Any
+    anchors: Any = ()
+
+
+class FedAvgBroadcast(NamedTuple):
+    """What the server sends: theta, and ``h = sum_c w_c h_c`` (SCAFFOLD only; else ``()``)."""
+
+    position: Any
+    correction: Any = ()
 
 
 class FedAvgClientState(NamedTuple):
-    """Client state: its compressor's state."""
+    """Client state: its compressor's state and its last control variate ``h_c`` (or ``()``)."""
 
     compressor: Any
+    anchor: Any = ()
+
+
+class FedAvgUpload(NamedTuple):
+    """A client's upload: the compressor's message of its change and its new ``h_c`` (or ``()``)."""
+
+    delta: Any
+    anchor: Any = ()
+
+
+class _Settings(NamedTuple):
+    """What the steps of a built FedAvg use (checked by :func:`fedavg`)."""
+
+    model: Model
+    weights: Any                 # w_c, float32 [b]
+    learning_rate: Schedule
+    local_steps: int
+    oracle: Callable
+    compressor: Compressor
+    participation: Participation
+    aggregate: Callable          # one of AGGREGATIONS
+    control: scaffold.ControlVariates
+
+
+def _init(s: _Settings, key, theta0):
+    del key
+    theta0 = jnp.asarray(theta0, jnp.float32)
+    anchors, correction = s.control.init(s.weights.shape[0], theta0)
+    return FedAvgState(theta0, anchors), FedAvgBroadcast(theta0, correction)
+
+
+def _client_init(s: _Settings, key, broadcast, client_data):
+    del key
+    return FedAvgClientState(s.compressor.init(broadcast.position, client_data.index),
+                             s.control.client_init(broadcast.position))
+
+
+def _client_step(s: _Settings, key, client_state, broadcast, client_data, k):
+    w_c = s.weights[client_data.index]
+    n_c = client_data.count.astype(jnp.float32)
+    key_grad, key_comp = jax.random.split(key)
+    theta0 = broadcast.position
+
+    def objective_gradient(gradient, theta):
+        """``grad F_c`` from ``gradient``, an estimate of ``grad U_c``."""
+        return (gradient - w_c * jax.grad(s.model.log_prior)(theta)) / n_c
+
+    def estimate(key, theta):
+        return objective_gradient(s.oracle(key, theta, client_data), theta)
+
+    estimate = s.control.correct(estimate, broadcast.correction, client_state.anchor)
+
+    def step(t, theta):
+        eta = step_size_at(s.learning_rate, k * s.local_steps + t)
+        return theta - eta * estimate(jax.random.fold_in(key_grad, t), theta)
+
+    theta = jax.lax.fori_loop(0, s.local_steps, step, theta0)
+    message, comp_state, cinfo = s.compressor.apply(key_comp, theta - theta0, client_state.compressor)
+    anchor = s.control.refresh(
+        lambda t: objective_gradient(gradients.local_gradient(s.model, t, client_data), t), theta0)
+    return (FedAvgClientState(comp_state, anchor), FedAvgUpload(message, anchor),
+            ClientInfo(bits=cinfo.bits + float_bits(anchor)))
+
+
+def _server_step(s: _Settings, key, server_state, uploads, mask, k):
+    del key
+    a = s.aggregate(s.participation, mask, s.weights)
+    position = server_state.position + jnp.tensordot(a, jax.vmap(s.compressor.decode)(uploads.delta), axes=1)
+    position = jnp.where(jnp.any(mask), position, server_state.position)
+    anchors, correction = s.control.aggregate(server_state.anchors, uploads.anchor, mask, s.weights)
+    eta = step_size_at(s.learning_rate, k * s.local_steps)
+    bits = float_bits(position) + float_bits(correction)
+    return (FedAvgState(position, anchors), FedAvgBroadcast(position, correction),
+            ServerInfo(step_size=eta, broadcast_bits=bits))
 
 
 def fedavg(model: Model, weights, learning_rate, local_steps: int = 1, batch_size=None, compressor=None,
            participation: Participation | None = None, aggregation: str = "mcmahan",
-           name: str = "fedavg") -> FederatedSampler:
+           name: str = "fedavg", control_variates: scaffold.ControlVariates | None = None) -> FederatedSampler:
     """Build FedAvg (see the module docstring for the update equations).
 
     Parameters
@@ -95,6 +202,9 @@ def fedavg(model: Model, weights, learning_rate, local_steps: int = 1, batch_siz
     aggregation
         ``"mcmahan"`` (weighted average over the active clients) or ``"unbiased"``
         (participation weights, see the module docstring).
+    control_variates
+        ``scaffold.scaffold()`` for SCAFFOLD's correction of the local gradients (module
+        docstring); none if None.
     """
     learning_rate = checks.step_size(learning_rate)
     w_np = checks.client_weights(weights)
@@ -102,49 +212,12 @@ def fedavg(model: Model, weights, learning_rate, local_steps: int = 1, batch_siz
     checks.choice("aggregation", aggregation, AGGREGATIONS)
     compressor = identity() if compressor is None else compressor
     participation = participation_lib.full() if participation is None else participation
-    oracle = gradients.minibatch_gradient(model, batch_size)
-    w_all = jnp.asarray(w_np, jnp.float32)
-
-    def init(key, theta0):
-        del key
-        theta0 = jnp.asarray(theta0, jnp.float32)
-        return FedAvgState(theta0), Broadcast(theta0)
-
-    def client_init(key, broadcast, client_data):
-        del key
-        return FedAvgClientState(compressor.init(broadcast.position, client_data.index))
-
-    def client_step(key, client_state, broadcast, client_data, k):
-        w_c = w_all[client_data.index]
-        n_c = client_data.count.astype(jnp.float32)
-        key_grad, key_comp = jax.random.split(key)
-        theta0 = broadcast.position
-
-        def step(s, theta):
-            eta = jnp.asarray(resolve_schedule(learning_rate, k * local_steps + s), jnp.float32)
-            g = (oracle(jax.random.fold_in(key_grad, s), theta, client_data)
-                 - w_c * jax.grad(model.log_prior)(theta)) / n_c
-            return theta - eta * g
-
-        theta = jax.lax.fori_loop(0, local_steps, step, theta0)
-        message, comp_state, cinfo = compressor.apply(key_comp, theta - theta0, client_state.compressor)
-        return FedAvgClientState(comp_state), message, ClientInfo(bits=cinfo.bits)
-
-    def server_step(key, server_state, uploads, mask, k):
-        del key
-        m = mask.astype(jnp.float32)
-        if aggregation == "mcmahan":
-            active_weight = jnp.sum(m * w_all)
-            a = m * w_all / jnp.maximum(active_weight, 1e-30)
-        else:
-            a = participation.weights(mask) * w_all
-        position = server_state.position + jnp.tensordot(a, jax.vmap(compressor.decode)(uploads), axes=1)
-        position = jnp.where(jnp.any(mask), position, server_state.position)
-        eta = jnp.asarray(resolve_schedule(learning_rate, k * local_steps), jnp.float32)
-        return (FedAvgState(position), Broadcast(position),
-                ServerInfo(step_size=eta, broadcast_bits=float_bits(position)))
-
+    control = scaffold.none() if control_variates is None else control_variates
+    s = _Settings(model, jnp.asarray(w_np, jnp.float32), learning_rate, local_steps,
+                  gradients.minibatch_gradient(model, batch_size), compressor, participation,
+                  AGGREGATIONS[aggregation], control)
     clients = per_client_count(w_np, batch_size, compressor.omega(model.dim), known=(participation.num_clients,))
     if clients is None:
         clients = w_np.size
-    return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients)
+    return FederatedSampler(partial(_init, s), partial(_client_init, s), partial(_client_step, s),
+                            partial(_server_step, s), participation, name, clients)

@@ -117,7 +117,7 @@ def label(k: int, t: int) -> str:
 
 def gradients_per_round(t: int) -> int:
     """Minibatch gradients a client draws in a round of ``t`` leapfrog steps: two per step
-    (Algorithm 1's fresh draw for each half-kick, :func:`fedmcmc.samplers.fa_hmc.leapfrog_step`)."""
+    (Algorithm 1's fresh draw for each half-kick, :func:`fedmcmc.samplers.integrators.leapfrog_step`)."""
     return 2 * int(t)
 
 
