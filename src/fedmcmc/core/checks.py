@@ -81,6 +81,16 @@ def per_client(label: str, value, *, sums_to_one: bool = False, hint: str = "") 
     return arr
 
 
+
+def per_client_int(label: str, value) -> np.ndarray:
+    """Positive integers, one or one per client (int32, 1-D)."""
+    arr = np.atleast_1d(np.asarray(value))
+    if (arr.ndim != 1 or arr.size < 1 or not np.issubdtype(arr.dtype, np.number)
+            or np.any(arr != np.round(arr)) or np.any(arr < 1)):
+        raise ValueError(f"{label} must be a positive integer or one per client (got {value!r})")
+    return arr.astype(np.int32)
+
+
 def client_weights(weights) -> np.ndarray:
     """Client weights ``w_c``: positive, finite, summing to 1."""
     return per_client("client weights w_c", weights, sums_to_one=True, hint="; use FederatedData.weights for n_c / n")

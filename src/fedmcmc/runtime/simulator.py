@@ -26,10 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.core import xla
-from fedmcmc.runtime import cpu
 from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
-from fedmcmc.runtime import round as rnd
+from fedmcmc.runtime import cpu, round as rnd
 from fedmcmc.runtime.records import (SimulationResult, assemble, check_finite, fingerprint,
                                      save_npz)
 from fedmcmc.runtime.round import chain_keys
@@ -231,11 +230,41 @@ def _blocks(num_chains: int, workers: int) -> list[range]:
     return [range(a, b) for a, b in zip(edges[:-1], edges[1:])]
 
 
+def _start(seed: int, sampler: FederatedSampler, data: FederatedData, statistic, theta0: np.ndarray,
+           workers: int | None) -> list:
+    """The blocks of chains: in this process, or spread over worker processes (the
+    :func:`fedmcmc.tune_cpu` default, on CPU only)."""
+    if workers is None:
+        workers = cpu.default_workers()
+    if jax.default_backend() != "cpu":
+        workers = 1
+    ranges = _blocks(theta0.shape[0], workers)
+    if len(ranges) > 1:
+        from fedmcmc.runtime import workers as pool
+
+        return pool.start(seed, sampler, data, statistic, ranges, theta0)
+    return [Chains(sampler, data, statistic, seed, ranges[0], theta0)]
+
+
 def _each(blocks, method: str, args):
     """Call ``method(*args(block))`` on every block; remote blocks run at the same time."""
     for block in blocks:
         block.submit(method, *args(block))
     return [block.result() for block in blocks]
+
+
+def _kept(out: dict, done: int, length: int, thinning: int, burn_in: int) -> dict:
+    """A chunk's record, once its draws are checked finite: what is kept goes to disk, the draws and
+    statistics after burn-in and the bit counts always."""
+    draw_rounds = done + np.arange(1, length // thinning + 1) * thinning
+    positions = out["positions"]  # [chains, draws, m, d]
+    check_finite(positions, draw_rounds)
+    kept = positions[:, draw_rounds > burn_in]
+    piece = {"positions": kept.reshape((kept.shape[0], -1) + kept.shape[3:]),
+             "up": out["up"], "down": out["down"], "active": out["active"]}
+    if "stats" in out:
+        piece["stats"] = out["stats"][:, done + np.arange(1, length + 1) > burn_in]
+    return piece
 
 
 def _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size, out_dir, resume):
@@ -328,18 +357,8 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
     """
     theta0, chunk_size = _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size,
                                   out_dir, resume)
-    if workers is None:
-        workers = cpu.default_workers()
-    if jax.default_backend() != "cpu":
-        workers = 1
     theta0 = np.asarray(theta0)
-    ranges = _blocks(num_chains, workers)
-    if len(ranges) > 1:
-        from fedmcmc.runtime import workers as pool
-
-        blocks = pool.start(seed, sampler, data, statistic, ranges, theta0)
-    else:
-        blocks = [Chains(sampler, data, statistic, seed, range(num_chains), theta0)]
+    blocks = _start(seed, sampler, data, statistic, theta0, workers)
     setup_bits = tuple(np.concatenate(parts) for parts in zip(*(block.setup_bits for block in blocks)))
     m = int(sampler.draws_per_round)
     run_fingerprint = fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,
@@ -361,21 +380,12 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
             length = min(chunk_size, num_iterations - done)
             start = time.perf_counter()
             parts = _each(blocks, "run", lambda block: (done, length // thinning, thinning))
-            out = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-            positions = out["positions"]  # [chains, rounds, m, d]
             wall += time.perf_counter() - start
-            check_finite(positions, done + np.arange(1, length // thinning + 1) * thinning)
-            # Only what is kept goes to disk: draws and statistics after burn-in, bit counts always.
-            kept_draws = done + np.arange(1, length // thinning + 1) * thinning > burn_in
-            kept = positions[:, kept_draws]
-            piece = {"positions": kept.reshape((num_chains, -1) + kept.shape[3:]),
-                     "up": out["up"], "down": out["down"], "active": out["active"]}
-            if statistic is not None:
-                piece["stats"] = out["stats"][:, done + np.arange(1, length + 1) > burn_in]
-            pieces.append(piece)
+            pieces.append(_kept({name: np.concatenate([p[name] for p in parts]) for name in parts[0]},
+                                done, length, thinning, burn_in))
             done += length
             if chunk_dir is not None:
-                save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **piece)
+                save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **pieces[-1])
                 leaves = [np.concatenate(x) for x in zip(*_each(blocks, "state", lambda block: ()))]
                 save_npz(chunk_dir / "state.npz", fingerprint=np.asarray(run_fingerprint), done=np.asarray(done),
                           wall=np.asarray(wall), num_chunks=np.asarray(len(pieces)),

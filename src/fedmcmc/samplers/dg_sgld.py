@@ -191,11 +191,7 @@ def dg_sgld(model: Model, rho, step_size, num_local_steps=1, batch_size=None, nu
     """
     rho_np = checks.per_client("rho (the tolerance)", rho)
     gamma_np = checks.per_client("step_size (the client step gamma)", step_size)
-    steps_np = np.atleast_1d(np.asarray(num_local_steps))
-    if (steps_np.ndim != 1 or steps_np.size < 1 or not np.issubdtype(steps_np.dtype, np.number)
-            or np.any(steps_np != np.round(steps_np)) or np.any(steps_np < 1)):
-        raise ValueError(f"num_local_steps must be a positive integer or one per client (got {num_local_steps!r})")
-    steps_np = steps_np.astype(np.int32)
+    steps_np = checks.per_client_int("num_local_steps", num_local_steps)
     if num_clients is not None:
         checks.positive_int("num_clients", num_clients)
     participation = participation_lib.full() if participation is None else participation
@@ -209,7 +205,6 @@ def dg_sgld(model: Model, rho, step_size, num_local_steps=1, batch_size=None, nu
 
     draw_theta = (exact_theta(model, total_inv_rho) if prior_step_size is None
                   else langevin_theta(model, total_inv_rho, prior_step_size))
-
     inv_rho = jnp.asarray(inv_rho_np, jnp.float32)
     gamma_all = jnp.asarray(np.broadcast_to(gamma_np, (b,)), jnp.float32)
     steps_all = jnp.asarray(np.broadcast_to(steps_np, (b,)), jnp.int32)
