@@ -5,23 +5,23 @@ the Gaussian surrogates of its density.
   :func:`minibatch_gradient`, :func:`control_variate_gradient` (QLSD*); a
   :class:`GradientEstimator` ``(init, estimate)`` carries a per-client state, and
   :func:`stateless` makes one of an oracle; :func:`find_mode` runs federated gradient descent.
-* :mod:`~fedmcmc.estimators.svrg` -- the SVRG estimator of QLSD++ (:func:`svrg`).
+* :mod:`~fedmcmc.estimators.svrg` -- the SVRG estimator of QLSD++ (``svrg.svrg``).
 * :mod:`~fedmcmc.estimators.stochastic` -- a client's gradient bound to its data
   (:class:`StochasticGradient`) and the :func:`gaussian_noise` wrapper (FA-HMC's noisy gradients).
 * :mod:`~fedmcmc.estimators.scaffold` -- SCAFFOLD control variates ``g - h_c + h``
-  (:func:`scaffold`; de-biased FA-HMC, and FedAvg's ``control_variates``).
-* :mod:`~fedmcmc.estimators.conducive` -- conducive gradients of CG-DSGLD (:func:`conducive`).
+  (``scaffold.scaffold()``; de-biased FA-HMC, and FedAvg's ``control_variates``).
+* :mod:`~fedmcmc.estimators.conducive` -- conducive gradients of CG-DSGLD (``conducive.conducive``).
 * :mod:`~fedmcmc.estimators.surrogates` -- Gaussian surrogates of a client's density for
   CG-DSGLD: :func:`taylor`, :func:`laplace`, :func:`sgld_moments`.
+
+The wrappers live in the submodules of their name (``svrg``, ``scaffold``, ``conducive``), which
+this face does not shadow with their functions.
 """
 
-from fedmcmc.estimators.conducive import conducive
 from fedmcmc.estimators.gradients import (GradientEstimator, control_variate_gradient, find_mode, minibatch_gradient,
                                           stateless)
-from fedmcmc.estimators.scaffold import scaffold
 from fedmcmc.estimators.stochastic import StochasticGradient, gaussian_noise
 from fedmcmc.estimators.surrogates import laplace, sgld_moments, taylor
-from fedmcmc.estimators.svrg import svrg
 
-__all__ = ["GradientEstimator", "stateless", "minibatch_gradient", "control_variate_gradient", "find_mode", "svrg",
-           "StochasticGradient", "gaussian_noise", "scaffold", "conducive", "taylor", "laplace", "sgld_moments"]
+__all__ = ["GradientEstimator", "stateless", "minibatch_gradient", "control_variate_gradient", "find_mode",
+           "StochasticGradient", "gaussian_noise", "taylor", "laplace", "sgld_moments"]

@@ -17,7 +17,7 @@ import jaxlib
 import numpy as np
 import pytest
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/
 GOLDEN = HERE / "golden" / "samples.json"
 STEP_TIMEOUT = 120  # seconds without progress that count as a hang (a step compiles in about 3 s)
 

@@ -1,5 +1,5 @@
 """fedmcmc on Flower: the simulation engine, the wire, faults, resume (docs/flower.md); every registered
-sampler gives the simulator's samples over the runtime in tests/test_conformance.py."""
+sampler gives the simulator's samples over the runtime in tests/core/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ thinning = 2
 chunk_size = 4
 """
 
-#: Also run on the deployment engine (tests/test_flower_deploy.py).
+#: Also run on the deployment engine (tests/runtime/test_flower_deploy.py).
 FA_HMC = """
 [problem]
 name = "heterogeneous-gaussian"
@@ -73,7 +73,7 @@ def reference(text):
 
 def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_path):
     """The Flower apps on the simulation engine (every sampler over the runtime without Flower:
-    tests/test_conformance.py)."""
+    tests/core/test_conformance.py)."""
     from fedmcmc.app.flower.launch import run_sim_many
 
     out = tmp_path / "qlsdpp"
