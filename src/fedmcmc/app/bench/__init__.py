@@ -60,12 +60,6 @@ def _toy():
     return data, model, batch, gradients.find_mode(model, data)
 
 
-def qlsd_star_rate(chains: int, iters: int, workers: int | None = None) -> float:
-    """QLSD* chain-iterations per second on the toy problem (the ``speedup_vs_numpy`` workload)."""
-    data, model, batch, mode = _toy()
-    return _rate(qlsd_star(model, STEP, mode, batch, quantization(LEVELS)), data, chains, iters, workers=workers)
-
-
 def fa_hmc_rates(chains: int, rounds: int, num_leapfrog: int = 10, local_steps: int = 10) -> dict:
     """Per-datum gradient evaluations per second, federated FA-HMC and centralised uHMC (exact
     gradients; ``local_steps`` trajectories of ``num_leapfrog`` steps per round)."""
