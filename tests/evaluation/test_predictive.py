@@ -317,3 +317,19 @@ def test_classification_report_from_draws():
     direct = ev.classification_report(bma, y, num_bins=10)
     assert direct["num_draws"] is None and direct["ece"] == report["ece"]
     assert "agreement" not in direct
+
+
+def test_drawing_leaves_the_users_matplotlib_alone(tmp_path):
+    """A user's backend and pyplot state are theirs: our figures are drawn without pyplot."""
+    import subprocess
+    import sys
+
+    code = ("import sys, matplotlib; matplotlib.use('svg')\n"
+            "import numpy as np; from fedmcmc import evaluation\n"
+            "p = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]); y = np.array([0, 1, 1])\n"
+            f"evaluation.plot_reliability({str(tmp_path / 'r.png')!r}, {{'m': (p, y)}}, num_bins=3)\n"
+            "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()\n"
+            "assert 'matplotlib.pyplot' not in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "r.png").stat().st_size > 0

@@ -40,6 +40,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from fedmcmc.core import figures
 from fedmcmc.evaluation import diagnostics
 from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.runtime import io
@@ -312,7 +313,7 @@ def report(cfg: dict, built: dict, res, out: str | Path, started: float, **extra
 
 
 def plot_trace(path: Path, samples: np.ndarray, exact) -> None:
-    fig, axes = io.new_figure(ncols=2, figsize=(9, 3.2))
+    fig, axes = figures.new_figure(ncols=2, figsize=(9, 3.2))
     k = 0
     for c in range(samples.shape[0]):
         axes[0].plot(samples[c, :, k], lw=0.6)
@@ -323,4 +324,4 @@ def plot_trace(path: Path, samples: np.ndarray, exact) -> None:
     grid = np.linspace(samples[..., k].min(), samples[..., k].max(), 200)
     axes[1].plot(grid, np.exp(-0.5 * (grid - exact.mean[k]) ** 2 / exact.var) / np.sqrt(2 * np.pi * exact.var), "k--")
     axes[1].set_title("theta[0]: samples vs exact posterior")
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

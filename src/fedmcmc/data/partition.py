@@ -334,7 +334,7 @@ def summary(labels, parts: Sequence[np.ndarray], num_classes: int | None = None)
 def plot_partition(path: str | os.PathLike, counts, class_names: Sequence[str] | None = None,
                    title: str | None = None) -> Path:
     """PNG of a ``[clients, classes]`` count matrix: stacked bars (<= 100 clients) or a heatmap."""
-    from fedmcmc.runtime.io import new_figure, save_figure
+    from fedmcmc.core.figures import new_figure, save_figure
 
     from matplotlib import colormaps
     from matplotlib.ticker import MaxNLocator

@@ -160,7 +160,7 @@ def plot_reliability(path: str | os.PathLike, methods: Mapping[str, Any], num_bi
         bin, with the diagonal of perfect calibration and each method's ECE in the legend; the
         bottom panel shows the fraction of points per bin.
     """
-    from fedmcmc.runtime.io import new_figure, save_figure
+    from fedmcmc.core.figures import new_figure, save_figure
 
     rels = {label: (m if isinstance(m, Reliability) else reliability(m[0], m[1], num_bins))
             for label, m in methods.items()}

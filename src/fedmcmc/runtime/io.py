@@ -112,23 +112,3 @@ def write_json(path: str | os.PathLike, payload: Mapping) -> Path:
     tmp.write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
     os.replace(tmp, path)
     return path
-
-
-def new_figure(**kwargs):
-    """A matplotlib figure on the non-interactive Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(**kwargs)
-
-
-def save_figure(fig, path: str | os.PathLike) -> Path:
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmcmc.runtime import io
+from fedmcmc.core import figures
 from fedmcmc.app import problems
 from fedmcmc.estimators import surrogates
 from fedmcmc.app.studies.runner import Findings, Run
@@ -138,7 +138,7 @@ def science(cfg: dict, run: Run) -> Findings:
 
 
 def plot_mse(path: Path, results: dict, sgld_result: dict, cfg: dict, quick: bool):
-    fig, ax = io.new_figure(figsize=(6.5, 4.2))
+    fig, ax = figures.new_figure(figsize=(6.5, 4.2))
     for i, local in enumerate(results):
         for method, style in zip(METHODS, ("--", "-")):
             c = results[local][method]["curve"]
@@ -150,12 +150,12 @@ def plot_mse(path: Path, results: dict, sgld_result: dict, cfg: dict, quick: boo
     ax.set_title(f"Gaussian blobs, {cfg['num_chains']} chains" + (" (quick)" if quick else ""))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)
 
 
 def plot_scatter(path: Path, kept: dict, data, post, cfg: dict):
     locals_ = cfg["local_updates"]
-    fig, axes = io.new_figure(nrows=2, ncols=len(locals_), figsize=(3.6 * len(locals_), 7))
+    fig, axes = figures.new_figure(nrows=2, ncols=len(locals_), figsize=(3.6 * len(locals_), 7))
     axes = np.atleast_2d(axes)
     points = np.concatenate([data.unpadded(s) for s in range(data.num_clients)])
     t = np.linspace(0, 2 * np.pi, 100)
@@ -172,11 +172,11 @@ def plot_scatter(path: Path, kept: dict, data, post, cfg: dict):
             ax.set_title(f"{method}, {local} local updates", fontsize=9)
             ax.set_aspect("equal")
     axes[0, 0].legend(fontsize=6, loc="lower left")
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)
 
 
 def plot_epsilon_gamma(path: Path, eg: dict):
-    fig, ax = io.new_figure(figsize=(6, 3.6))
+    fig, ax = figures.new_figure(figsize=(6, 3.6))
     s = np.arange(len(eg["epsilon_squared"]))
     ax.bar(s - 0.2, eg["epsilon_squared"], width=0.4, label="eps_s^2 (with conducive gradient)")
     ax.bar(s + 0.2, eg["gamma_squared"], width=0.4, label="gamma_s^2 (DSGLD)")
@@ -184,4 +184,4 @@ def plot_epsilon_gamma(path: Path, eg: dict):
     ax.set_xlabel("shard s")
     ax.set_ylabel("grid maximum")
     ax.legend(fontsize=8)
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmcmc.runtime import io
+from fedmcmc.core import figures
 from fedmcmc.estimators import surrogates
 from fedmcmc.data import from_clients, load_dataset, partition, split_and_standardise, with_intercept
 from fedmcmc.app.studies.runner import Findings, Run
@@ -128,7 +128,7 @@ def science(cfg: dict, run: Run) -> Findings:
 
 def plot(path: Path, per_dataset: dict, cfg: dict, quick: bool):
     names = list(per_dataset)
-    fig, axes = io.new_figure(nrows=2, ncols=len(names), figsize=(5.5 * len(names), 7.5), squeeze=False)
+    fig, axes = figures.new_figure(nrows=2, ncols=len(names), figsize=(5.5 * len(names), 7.5), squeeze=False)
     styles = dict(zip(METHODS, ("--", "-", "-.")))
     for col, name in enumerate(names):
         ax, bx = axes[0, col], axes[1, col]
@@ -144,4 +144,4 @@ def plot(path: Path, per_dataset: dict, cfg: dict, quick: bool):
         for a in (ax, bx):
             a.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6)
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

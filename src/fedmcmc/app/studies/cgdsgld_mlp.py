@@ -50,7 +50,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fedmcmc.runtime import io
+from fedmcmc.core import figures
 from fedmcmc import evaluation
 from fedmcmc.estimators import surrogates
 from fedmcmc.data import load_dataset, partition, split_and_standardise
@@ -222,7 +222,7 @@ def plot(path: Path, partitions: dict, cfg: dict, quick: bool):
     panels = (("train_log_likelihood", "train LL per datum (model average)"),
               ("test_log_likelihood", "test LL per datum (model average)"),
               ("test_log_likelihood_per_draw", "test LL per datum (mean over draws)"), ("test_accuracy", "test accuracy"))
-    fig, axes = io.new_figure(ncols=len(panels), figsize=(16, 3.8))
+    fig, axes = figures.new_figure(ncols=len(panels), figsize=(16, 3.8))
     labels = list(partitions)
     width = 0.6 / max(1, len(cfg["methods"]))
     for ax, (key, title) in zip(axes, panels):
@@ -238,4 +238,4 @@ def plot(path: Path, partitions: dict, cfg: dict, quick: bool):
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{cfg['dataset']}, {cfg['num_shards']} shards, MLP hidden {cfg['hidden']}, mean ± s.e. over "
                  f"{cfg['num_seeds']} seeds" + (" (quick)" if quick else ""), fontsize=10)
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

@@ -36,7 +36,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.runtime import io
+from fedmcmc.core import figures
 from fedmcmc.evaluation import distances as metrics
 from fedmcmc.data.synthetic import heterogeneous_local_posteriors
 from fedmcmc.app.studies.runner import Findings, Run
@@ -153,7 +153,7 @@ def science(cfg: dict, run: Run) -> Findings:
 
 
 def plot(path: Path, per_d: dict, fits: dict, cfg: dict, quick: bool):
-    fig, (ax, bx) = io.new_figure(ncols=2, figsize=(10, 4))
+    fig, (ax, bx) = figures.new_figure(ncols=2, figsize=(10, 4))
     dims = np.array([int(d) for d in per_d], float)
     exact = np.array([per_d[str(int(d))]["exact_rounds"] for d in dims], float)
     ax.plot(dims, exact**2, "k+", label="exact law")
@@ -180,4 +180,4 @@ def plot(path: Path, per_d: dict, fits: dict, cfg: dict, quick: bool):
     bx.set_ylabel("W2^2 (sampled; dotted: exact)")
     bx.legend(fontsize=6, ncol=2)
     bx.grid(True, which="both", alpha=0.3)
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

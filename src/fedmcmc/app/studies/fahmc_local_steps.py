@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmcmc.runtime import io
+from fedmcmc.core import figures
 from fedmcmc.evaluation import distances as metrics
 from fedmcmc.app.studies.fahmc_vs_fald import FULL as LOGISTIC, logistic_problem, logistic_reference, reference_floor
 from fedmcmc.app.studies.runner import Findings, Run
@@ -144,7 +144,7 @@ def science(cfg: dict, run: Run) -> Findings:
 
 
 def plot(path: Path, per_t: dict, gauss: dict, cfg: dict, quick: bool):
-    fig, (cx, ax, bx) = io.new_figure(ncols=3, figsize=(15, 4))
+    fig, (cx, ax, bx) = figures.new_figure(ncols=3, figsize=(15, 4))
     ts = [int(t) for t in per_t]
     for t in ts:
         c = per_t[str(t)]["curve"]
@@ -174,4 +174,4 @@ def plot(path: Path, per_t: dict, gauss: dict, cfg: dict, quick: bool):
     bx.set_title(f"Section 5.2 Gaussian (exact law), K = {cfg['gaussian_num_leapfrog']}, eta = {cfg['step_size']}")
     bx.grid(True, which="both", alpha=0.3)
     bx.legend(fontsize=7)
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmcmc.runtime import io
+from fedmcmc.core import figures
 from fedmcmc import evaluation
 from fedmcmc.evaluation import distances as metrics
 from fedmcmc.data import load_dataset, partition, pca_project, split_and_standardise
@@ -257,7 +257,7 @@ _YLABELS = {"accuracy": "test accuracy (BMA)", "brier": "Brier score", "ece": "E
 def plot_group(path: Path, results: dict, names: list[str], title: str):
     """Four panels (accuracy, Brier, ECE, NLL) against rounds, one line per setting: the mean
     over runs, shaded +- one standard deviation (supplement L)."""
-    fig, axes = io.new_figure(ncols=4, figsize=(16, 3.8))
+    fig, axes = figures.new_figure(ncols=4, figsize=(16, 3.8))
     for ax, m in zip(axes, METRICS):
         for name in names:
             r = results[name]
@@ -270,4 +270,4 @@ def plot_group(path: Path, results: dict, names: list[str], title: str):
     axes[0].legend(fontsize=7)
     fig.suptitle(f"FA-HMC on Fashion-MNIST, leapfrog clock: {title}")
     fig.tight_layout()
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmcmc.runtime import io
+from fedmcmc.core import figures
 from fedmcmc.evaluation import distances as metrics, reference
 from fedmcmc.data.synthetic import logistic_regression_data
 from fedmcmc.app.studies.runner import Findings, Run
@@ -229,7 +229,7 @@ def _gain(hmc: dict, ld: dict) -> dict:
 
 
 def plot(path: Path, best: dict, floors: dict, cfg: dict, quick: bool):
-    fig, axes = io.new_figure(ncols=len(best), figsize=(5 * len(best), 4), sharey=True, squeeze=False)
+    fig, axes = figures.new_figure(ncols=len(best), figsize=(5 * len(best), 4), sharey=True, squeeze=False)
     styles = {"FA-HMC": "o-", "FA-LD": "s--", "De-biased FA-HMC": "^-", "Centralised uHMC": "k:"}
     for ax, setting in zip(axes[0], best):
         for method, by_eta in best[setting].items():
@@ -246,4 +246,4 @@ def plot(path: Path, best: dict, floors: dict, cfg: dict, quick: bool):
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel(f"ME per group of chains (+- 2 s.e., {cfg['chain_groups']} groups)")
     axes[0][0].legend(fontsize=8)
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

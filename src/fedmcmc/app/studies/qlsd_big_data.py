@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedmcmc.runtime import io
+from fedmcmc.core import figures
 from fedmcmc.compression import quantization, quantization_omega
 from fedmcmc.data.federated import from_clients
 from fedmcmc.app.studies.qlsd_omega import exact_mode, loglog_slope
@@ -134,7 +134,7 @@ def science(cfg: dict, run: Run) -> Findings:
 
 
 def plot(path: Path, rows: dict, quick: bool):
-    fig, axes = io.new_figure(ncols=2, figsize=(11, 4.2))
+    fig, axes = figures.new_figure(ncols=2, figsize=(11, 4.2))
     for i, (label, r) in enumerate(rows.items()):
         ns = np.array([x["N"] for x in r])
         for ax, key in zip(axes, ("bias", "relative_bias")):
@@ -150,4 +150,4 @@ def plot(path: Path, rows: dict, quick: bool):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("Big-data regime on a Gaussian with exact posterior" + (" (quick)" if quick else ""))
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

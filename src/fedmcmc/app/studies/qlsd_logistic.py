@@ -54,8 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedmcmc.core import figures
 from fedmcmc.estimators import gradients, surrogates
-from fedmcmc.runtime import io
 from fedmcmc import evaluation
 from fedmcmc.evaluation import reference
 from fedmcmc.compression import qsgd_bits_bound, quantization
@@ -261,7 +261,7 @@ def science(cfg: dict, run: Run) -> Findings:
 
 
 def plot(path: Path, table: dict, quick: bool):
-    fig, axes = io.new_figure(ncols=2, figsize=(11, 4.2))
+    fig, axes = figures.new_figure(ncols=2, figsize=(11, 4.2))
     for i, (label, m) in enumerate(table.items()):
         if label == "LSD++":
             continue
@@ -282,4 +282,4 @@ def plot(path: Path, table: dict, quick: bool):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("Logistic regression, 784 pixels over 50 clients" + (" (quick)" if quick else ""))
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

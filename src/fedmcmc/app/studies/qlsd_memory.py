@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedmcmc.core import figures
 from fedmcmc.estimators import gradients
-from fedmcmc.runtime import io
 from fedmcmc.evaluation import reference
 from fedmcmc.compression import quantization, quantization_omega
 from fedmcmc.data import partition
@@ -177,7 +177,7 @@ def science(cfg: dict, run: Run) -> Findings:
 
 
 def plot(path: Path, table: dict, quick: bool):
-    fig, ax = io.new_figure(figsize=(6.5, 4.2))
+    fig, ax = figures.new_figure(figsize=(6.5, 4.2))
     colours = {}
     for label, m in table.items():
         key = m["levels"]
@@ -196,4 +196,4 @@ def plot(path: Path, table: dict, quick: bool):
     ax.set_title("QLSD++ memory, SYNTHETIC(1, 1), d = 2, b = 50" + (" (quick)" if quick else ""))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

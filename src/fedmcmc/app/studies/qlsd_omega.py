@@ -55,8 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedmcmc.core import figures
 from fedmcmc.estimators import gradients
-from fedmcmc.runtime import io
 from fedmcmc.app import problems
 from fedmcmc.compression import quantization, quantization_omega
 from fedmcmc.app.studies.runner import Findings, Run
@@ -234,7 +234,7 @@ def science(cfg: dict, run: Run) -> Findings:
 
 
 def plot(path: Path, closed: dict, chains: dict, posterior_m: float, quick: bool):
-    fig, axes = io.new_figure(ncols=2, figsize=(11, 4.2))
+    fig, axes = figures.new_figure(ncols=2, figsize=(11, 4.2))
     for i, (key, c) in enumerate(closed.items()):
         om = [r["omega"] for r in c["rows"]]
         axes[0].loglog(om, [r["norm_bias2"] for r in c["rows"]], "-o", ms=3, color=f"C{i}", label=f"gamma = {key}")
@@ -252,4 +252,4 @@ def plot(path: Path, closed: dict, chains: dict, posterior_m: float, quick: bool
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("QLSD* on the toy Gaussian: bias against omega" + (" (quick)" if quick else ""))
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)

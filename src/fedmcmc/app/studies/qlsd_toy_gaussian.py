@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedmcmc.core import figures
 from fedmcmc.estimators import gradients
-from fedmcmc.runtime import io
 from fedmcmc.app import problems
 from fedmcmc.compression import qsgd_bits_bound, quantization
 from fedmcmc.app.studies.runner import Findings, Run
@@ -118,7 +118,7 @@ def science(cfg: dict, run: Run) -> Findings:
 
 
 def plot(path: Path, methods: dict, quick: bool, floor: float):
-    fig, ax = io.new_figure(figsize=(6, 4))
+    fig, ax = figures.new_figure(figsize=(6, 4))
     for label, m in methods.items():
         ax.loglog(m["curve"]["upload_bits"], m["curve"]["mse"], label=label,
                   linestyle="--" if label.startswith("QLSD#") else "-")
@@ -129,4 +129,4 @@ def plot(path: Path, methods: dict, quick: bool, floor: float):
     ax.set_title("QLSD toy Gaussian" + (" (quick)" if quick else ""))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    io.save_figure(fig, path)
+    figures.save_figure(fig, path)
