@@ -101,5 +101,10 @@ def client_round(sampler: FederatedSampler, chain_key, k, states, broadcast, cli
 
 
 def server_round(sampler: FederatedSampler, chain_key, k, server_state, uploads, mask, b: int):
-    """The server in round ``k``: ``(server_state, broadcast, info)``."""
+    """The server in round ``k``: ``(server_state, broadcast, info)``.
+
+    The server sees the uploads as delivered: an optimisation barrier keeps XLA from fusing the
+    clients' computation into the server's step in the simulator, which a message runtime cannot
+    do either (it changed the last bit of pSGLD's draws between the two)."""
+    uploads = jax.lax.optimization_barrier(uploads)
     return sampler.server_step(jax.random.fold_in(round_key(chain_key, k), b), server_state, uploads, mask, k)
