@@ -2,9 +2,7 @@
 
 from fedmcmc.core.base import ClientData, Compressor, FederatedSampler, Model, Participation
 from fedmcmc.data.federated import FederatedData, from_clients
-from fedmcmc.runtime.cpu import tune as tune_cpu
-from fedmcmc.runtime.records import DivergenceError, SimulationResult
-from fedmcmc.runtime.simulator import simulate
+from fedmcmc.runtime import DivergenceError, SimulationResult, simulate, tune_cpu
 
 __version__ = "0.1.0"
 

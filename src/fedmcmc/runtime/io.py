@@ -1,4 +1,4 @@
-"""Outputs that the ecosystem reads: ArviZ InferenceData (netCDF), JSON and PNG plots."""
+"""Outputs that the ecosystem reads: ArviZ InferenceData (netCDF) and JSON (figures: :mod:`fedmcmc.core.figures`)."""
 
 from __future__ import annotations
 
