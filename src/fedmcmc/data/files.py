@@ -149,7 +149,8 @@ def numbers(cells: np.ndarray, path, columns: Sequence, first_line: int, fix: st
     number, NaN or infinite with one line naming the file, row and column, and ``fix``."""
     import pandas as pd
 
-    cells = np.asarray(cells, dtype=object).reshape(len(cells), -1)
+    cells = np.asarray(cells, dtype=object)
+    cells = cells[:, None] if cells.ndim == 1 else cells
     values = np.column_stack([pd.to_numeric(pd.Series(c, dtype=object), errors="coerce").to_numpy(np.float64)
                               for c in cells.T]) if cells.size else np.zeros(cells.shape)
     bad = np.argwhere(~np.isfinite(values))
