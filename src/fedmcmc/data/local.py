@@ -31,7 +31,7 @@ from fedmcmc.data import files, partition
 from fedmcmc.data.builtin import load_dataset
 
 #: File formats, from the suffix unless ``format`` is given.
-FORMATS = {".csv": "csv", ".txt": "csv", ".tsv": "csv", ".npz": "npz", ".svm": "libsvm", ".libsvm": "libsvm",
+FORMATS = {".csv": "csv", ".npz": "npz", ".svm": "libsvm", ".libsvm": "libsvm",
            ".json": "leaf"}
 #: Partitioners a ``partition = {kind = ...}`` may name; those marked True deal by label.
 PARTITIONS = {"iid": (partition.iid, False), "unbalanced": (partition.unbalanced, False),
