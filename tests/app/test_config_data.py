@@ -130,7 +130,7 @@ def test_bad_data_one_line_exit_2_nothing_written(tmp_path, frame, capsys):
         folder = tmp_path / name
         folder.mkdir()
         if module:
-            (folder / "hospital_model_bad.py").write_text(module)
+            (folder / f"model_{name}.py").write_text(module)
         run_fails(capsys, write(folder, frame, data=data, parts={**good, "site_b.csv": part}, **kw), *fragments)
 
     text = frame.iloc[50:90].astype(object)
@@ -152,7 +152,9 @@ def test_bad_data_one_line_exit_2_nothing_written(tmp_path, frame, capsys):
     case("split", frame.iloc[50:52], "site_b.csv: 2 row(s) leave an empty test part with test_fraction = 0.2")
     case("module", frame.iloc[50:90], "cannot import 'no_such_module'", "next to the config file",
          model='name = "no_such_module:build"')
-    case("return", frame.iloc[50:90], "returned str, not a fedmcmc.Model", model='name = "hospital_model_bad:wrong"',
+    case("return", frame.iloc[50:90], "returned str, not a fedmcmc.Model", model='name = "model_return:wrong"',
          module=USER_MODEL)
     case("key", frame.iloc[50:90], "unknown key(s) ['hidden'] in [model] for 'logistic'; allowed:",
          model='name = "logistic"\nhidden = [3]')
+    case("needs", frame.iloc[50:90], "'model_needs:needs' needs ['depth']; set them in [model]",
+         model='name = "model_needs:needs"', module=USER_MODEL + "\n\ndef needs(num_features, depth):\n    pass\n")

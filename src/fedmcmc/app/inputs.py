@@ -20,7 +20,8 @@ built-in of :data:`MODELS` or a ``"package.module:function"``; either is called 
 it accepts among ``num_features``, ``num_classes`` and ``input_shape`` (from the data) plus the
 section's other keys, and ``temperature`` tempers the result (:func:`fedmcmc.models.tempered`).
 A user's module is looked up in the config file's folder first, then on ``sys.path`` (e.g.
-``PYTHONPATH``).
+``PYTHONPATH``); like any import, once per process (a second config naming another file of the
+same module name gets the first).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def load_data(section: dict, base_dir=None) -> tuple[FederatedData, tuple | None
     task = section.get("task", "classification")
     if task not in ("classification", "regression"):
         raise ValueError(f'[data] task must be "classification" or "regression" (got {task!r})')
+    if task == "regression" and "classes" in section:
+        raise ValueError("[data] classes is for classification; leave it out for task = \"regression\"")
     clients = local.read_clients(section, base_dir)
     fraction = section.get("test_fraction", 0.2)
     parts = [local.split_client(section.get("seed", 0), i, c, fraction) for i, c in enumerate(clients)]
@@ -197,6 +200,11 @@ def model_from_config(cfg: dict, inputs: Inputs, base_dir=None) -> Model:
     params = inspect.signature(builder).parameters
     kwargs: dict[str, Any] = {k: v for k, v in supplied.items() if k in params}
     kwargs.update({k: v for k, v in section.items() if k not in ("name", "temperature")})
+    missing = [k for k, p in params.items() if p.default is p.empty and k not in kwargs
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if missing:
+        raise ValueError(f"[model] {section['name']!r} needs {missing}; set them in [model] (the data supply only "
+                         f"{list(_SUPPLIED)})")
     model = builder(**kwargs)
     if not isinstance(model, Model):
         raise ValueError(f"[model] {section['name']!r} returned {type(model).__name__}, not a fedmcmc.Model; "
