@@ -59,7 +59,8 @@ def _workers_option(parser) -> None:
 
 
 def _list() -> None:
-    from fedmcmc.app import config, studies, problems
+    from fedmcmc.app import config, inputs, studies, problems
+    from fedmcmc.data import DATASETS
     from fedmcmc.samplers import REGISTRY
 
     print("experiments (fedmcmc reproduce NAME [--quick]):")
@@ -72,6 +73,12 @@ def _list() -> None:
     print("problems ([problem] name in a run config):")
     for name in problems.PROBLEMS:
         print(f"  {name:24s} {problems.summary(name)}")
+    print('models ([model] name with your [data], or "package.module:function"; and their keys):')
+    for name, (builder, task) in inputs.MODELS.items():
+        print(f"  {name:24s} {task}; keys: {', '.join(sorted(inputs.builder_keys(builder)[0]))}, temperature")
+    print("data sets ([data] builtin = NAME, with a partition):")
+    for name, entry in DATASETS.items():
+        print(f"  {name:24s} {entry.description}")
 
 
 def _main(args) -> int:
