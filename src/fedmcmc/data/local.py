@@ -252,7 +252,7 @@ def read_client(section: dict, source, base_dir=None) -> LocalData:
 
 def _partition(section: dict, data: LocalData) -> list[LocalData]:
     """``data`` dealt over clients by ``section["partition"]``, seeded by ``section["seed"]``."""
-    spec = dict(section["partition"])
+    spec = dict(section["partition"]) if isinstance(section["partition"], dict) else {}
     kind = spec.pop("kind", None)
     if kind not in PARTITIONS:
         raise ValueError(f"[data] partition needs kind = one of {list(PARTITIONS)} (got {kind!r})")
@@ -286,11 +286,12 @@ def read_clients(section: dict, base_dir=None) -> list[LocalData]:
         if "partition" in section:
             clients = [_pooled(clients) if len(clients) > 1 else clients[0]]
     else:
-        if "partition" not in section:
-            raise ValueError("[data] builtin = ... needs partition = {kind = ..., num_clients = ...}")
+        if "partition" not in section or "classes" in section:
+            raise ValueError("[data] builtin = ... needs partition = {kind = ..., num_clients = ...} and takes no "
+                             "classes (a built-in set's labels are class indices)")
         d = load_dataset(section["builtin"], task=section.get("task", "classification"))
         raw = _Raw(d.x.astype(np.float64), d.y, None, lambda i: f"{d.name} row {i}", lambda j: f"column {j}")
-        clients = [_checked({**section, "classes": None} if d.num_classes else section, raw, d.name)]
+        clients = [_checked(section, raw, d.name)]
     if "partition" in section:
         clients = _partition(section, clients[0])
     _same_features(clients)
