@@ -82,11 +82,14 @@ def convergence(posterior, rhat_max: float = RHAT_MAX, ess_min: float = ESS_MIN)
         found.append(f"bulk ESS < {ess_min:g} for {low.sum()} of {len(bulk)} parameters (smallest "
                      f"{labels[worst]}: {bulk[worst]:.0f}): too few effective draws for reliable summaries; "
                      "run more iterations")
-    return {"parameters": params, "max_r_hat": float(np.nanmax(r)) if np.isfinite(r).any() else None,
-            "min_ess_bulk": float(np.nanmin(bulk)) if np.isfinite(bulk).any() else None,
-            "min_ess_tail": float(np.nanmin(table["ess_tail"].to_numpy(float)))
-            if np.isfinite(table["ess_tail"].to_numpy(float)).any() else None,
-            "warnings": found}
+    tail = table["ess_tail"].to_numpy(float)
+    return {"parameters": params, "max_r_hat": _defined(np.nanmax, r), "min_ess_bulk": _defined(np.nanmin, bulk),
+            "min_ess_tail": _defined(np.nanmin, tail), "warnings": found}
+
+
+def _defined(reduce, values: np.ndarray) -> float | None:
+    """``reduce`` over the defined values, None if there is none."""
+    return float(reduce(values)) if np.isfinite(values).any() else None
 
 
 def _worst(report: dict, count: int) -> list[int]:
