@@ -4,6 +4,8 @@ predictive against closed forms."""
 
 import json
 import warnings
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 from scipy import stats
 
 from fedmcmc import evaluation as ev
-from fedmcmc.app.outputs import write_outputs
+from fedmcmc.app.outputs import write_outputs, write_run
 from fedmcmc.data import load_dataset, split_and_standardise
 from fedmcmc.evaluation import regression
 from fedmcmc.models import linear_regression, logistic_regression, multinomial_logistic_regression
@@ -23,6 +25,13 @@ with warnings.catch_warnings():
     import arviz as az
 
 CLIENTS = 3
+
+
+class Inputs(NamedTuple):
+    """The fields of a run's inputs that its outputs read."""
+    task: str
+    feature_names: list
+    clients: list
 
 
 def result_of(samples, bits=100):
@@ -51,11 +60,11 @@ def breast_cancer():
 def written(breast_cancer, tmp_path_factory):
     model, draws, tests = breast_cancer
     out = tmp_path_factory.mktemp("run")
-    names = [f"f{i}" for i in range(30)]
+    inputs = Inputs("classification", [f"f{i}" for i in range(30)], [])
+    built = SimpleNamespace(model=model, sampler=SimpleNamespace(name="qlsd++"), tests=tests, inputs=inputs,
+                            step={"value": 0.01, "rule": "given"})
     lines = []
-    summary = write_outputs(out, result_of(draws), model, label="qlsd++", tests=tests, task="classification",
-                            feature_names=names, settings={"config": {"sampler": {"step_size": 0.01}}},
-                            step_size=0.01, echo=lines.append)
+    summary = write_run(out, {"sampler": {"step_size": 0.01}}, built, result_of(draws), echo=lines.append)
     return out, summary, lines
 
 
@@ -74,6 +83,7 @@ def test_inference_data_follows_the_schema_and_arviz_runs_on_it(written, breast_
     np.testing.assert_array_equal(ll["client"].values, np.repeat([0, 1, 2], [len(y) for _, y in tests]))
     np.testing.assert_array_equal(idata.observed_data["y"].values, np.concatenate([y for _, y in tests]))
     assert json.loads(idata.attrs["config"]) == {"sampler": {"step_size": 0.01}}
+    assert json.loads(idata.attrs["step"]) == {"value": 0.01, "rule": "given"}
     assert all(idata[g].attrs["inference_library"] == "fedmcmc" for g in idata.groups())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)

@@ -131,5 +131,15 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
     return summary
 
 
+def write_run(out, cfg: dict, built, result: SimulationResult, echo: Callable[[str], None] | None = None) -> dict:
+    """:func:`write_outputs` for a run of ``[data]`` + ``[model]``, from what
+    :func:`fedmcmc.app.config.build` returns (its ``model``, ``sampler``, ``tests``, ``inputs``
+    and ``step``); the config, the inputs and the step rule are the settings."""
+    inputs = built.inputs
+    return write_outputs(out, result, built.model, label=built.sampler.name, tests=built.tests, task=inputs.task,
+                         feature_names=inputs.feature_names, step_size=built.step.get("value"), echo=echo,
+                         settings={"config": cfg, "inputs": inputs._asdict(), "step": built.step})
+
+
 def _stderr(line: str) -> None:
     sys.stderr.write(line + "\n")

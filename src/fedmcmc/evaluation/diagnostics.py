@@ -106,6 +106,7 @@ def plot_trace(path, samples: np.ndarray, report: dict, count: int = 4):
     labels = list(report["parameters"])
     picked = _worst(report, count)
     fig, axes = new_figure(nrows=len(picked), ncols=2, figsize=(9, 2.2 * len(picked)), squeeze=False)
+    fig.set_layout_engine("constrained")
     for row, k in zip(axes, picked):
         for c in range(samples.shape[0]):
             row[0].plot(samples[c, :, k], lw=0.6)
@@ -127,6 +128,7 @@ def plot_rank(path, samples: np.ndarray, report: dict, count: int = 4, bins: int
     picked = _worst(report, count)
     chains, draws = samples.shape[:2]
     fig, axes = new_figure(nrows=len(picked), ncols=1, figsize=(6, 1.8 * len(picked)), squeeze=False)
+    fig.set_layout_engine("constrained")
     edges = np.linspace(0, chains * draws, bins + 1)
     for (ax,), k in zip(axes, picked):
         ranks = rankdata(samples[..., k].ravel()).reshape(chains, draws)
@@ -134,5 +136,6 @@ def plot_rank(path, samples: np.ndarray, report: dict, count: int = 4, bins: int
             ax.stairs(np.histogram(ranks[c], edges)[0], edges, label=f"chain {c}")
         ax.axhline(draws / bins, color="k", ls="--", lw=0.8)
         ax.set_ylabel(labels[k], fontsize=8)
+    axes[0][0].legend(fontsize=7, ncols=min(chains, 4))
     axes[-1][0].set_xlabel("rank among all draws")
     return save_figure(fig, path)
