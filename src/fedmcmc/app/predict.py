@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from fedmcmc.evaluation.classification import entropy
+from fedmcmc.evaluation.classification import as_probs, entropy
 from fedmcmc.evaluation.predict import predict_bma
 from fedmcmc.evaluation.regression import predictive_interval
 from fedmcmc.runtime import io
@@ -134,7 +134,7 @@ def predict(run_dir, data, out=None, *, level: float = 0.94,
     draws = io.read_draws(run_dir / "posterior.nc", model.layout)
     table = {}
     if record["task"] == "classification":
-        probs = predict_bma(model, draws, x.astype(np.float32))
+        probs = as_probs(predict_bma(model, draws, x.astype(np.float32)))  # [n] of a binary model: [n, 2]
         names = record.get("class_names") or [str(k) for k in range(probs.shape[1])]
         table.update({f"p_{name}": probs[:, k] for k, name in enumerate(names)})
         table.update(entropy=entropy(probs), predicted=[names[k] for k in np.argmax(probs, axis=1)])
