@@ -175,3 +175,14 @@ def test_regression_interval_and_nll_against_the_gaussian_mixture():
     assert got["nll"] == pytest.approx(-np.log(density).mean(), rel=1e-5)
     assert got["rmse"] == pytest.approx(np.sqrt(np.mean((mu.mean(axis=0) - y) ** 2)), rel=1e-6)
     assert got["coverage"] == np.mean((pred.lower <= y) & (y <= pred.upper))
+
+
+def test_several_runs_share_a_method_dimension():
+    rng = np.random.default_rng(4)
+    runs = {"a": result_of(rng.standard_normal((2, 8, 3))), "b": result_of(rng.standard_normal((2, 8, 3)), bits=5)}
+    idata = io.to_inference_data(runs, {"experiment": "x"})
+    assert idata.posterior["theta"].dims == ("chain", "draw", "method", "theta_dim")
+    np.testing.assert_array_equal(idata.posterior["theta"].isel(method=1).values, runs["b"].samples)
+    np.testing.assert_array_equal(idata.sample_stats["bits_up"].isel(method=1).values, np.full((2, 8), 5))
+    with pytest.raises(ValueError, match="describe one run"):
+        io.to_inference_data(runs, step_size=0.1)
