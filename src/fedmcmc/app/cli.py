@@ -1,4 +1,5 @@
-"""Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | flower sim|deploy CONFIG.toml | bench``.
+"""Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | predict RUN_DIR DATA.csv |
+flower sim|deploy CONFIG.toml | bench``.
 
 Bad input ends with one line on stderr that names the problem and the fix, and exit code 2;
 a run that diverges ends with exit code 3 and says which step size to lower.
@@ -39,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
     c.add_argument("--no-progress", action="store_true")
     _workers_option(c)
+    pr = sub.add_parser("predict", help="posterior predictive of a finished run on the rows of a CSV file")
+    pr.add_argument("run_dir", type=Path, help="the folder of a finished `fedmcmc run` of [data] + [model]")
+    pr.add_argument("data", type=Path, help="CSV file with a header and the run's feature columns (target optional)")
+    pr.add_argument("--out", type=Path, default=None, help="output CSV (default RUN_DIR/predictions-DATA.csv)")
+    pr.add_argument("--level", type=float, default=0.94, help="probability of a regression's interval (default 0.94)")
     f = sub.add_parser("flower", help="run a config on Flower: simulation or local deployment engine")
     f.add_argument("engine", choices=["sim", "deploy"])
     f.add_argument("config", type=Path)
@@ -107,6 +113,12 @@ def _main(args) -> int:
         out = args.out or Path("results") / args.config.stem
         payload = config.run(args.config, out, resume=args.resume, progress=not args.no_progress)
         print(f"wrote {out}/results.json and {out}/posterior.nc; {_accuracy(payload)}")
+        return 0
+    if args.command == "predict":
+        from fedmcmc.app.predict import predict
+
+        path = predict(args.run_dir, args.data, args.out, level=args.level)
+        print(f"wrote {path}")
         return 0
     if args.command == "flower":
         from fedmcmc.app.flower import launch
