@@ -46,7 +46,7 @@ from fedmcmc.core import figures
 from fedmcmc.evaluation import diagnostics
 from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.runtime import io
-from fedmcmc.app import inputs, problems
+from fedmcmc.app import inputs, outputs, problems
 from fedmcmc.app.inputs import model_from_config
 from fedmcmc.compression import resolve_compressor
 from fedmcmc.samplers import ALIASES, REGISTRY
@@ -343,7 +343,8 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     """Write ``results.json``, ``posterior.nc`` and ``trace.png`` of a finished run to ``out``
     (shared by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are
     added to ``results.json``. The errors against the exact posterior are there for a
-    ``[problem]``; ``inputs`` records a ``[data]`` run's data."""
+    ``[problem]``; ``inputs`` records a ``[data]`` run's data, whose outputs are those of
+    :func:`fedmcmc.app.outputs.write_run` (``summary.json``, rank and reliability plots too)."""
     exact = built.exact
     mean = res.samples.mean(axis=(0, 1))
     var = res.samples.var(axis=(0, 1))
@@ -363,6 +364,7 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
                                      / max(res.samples.shape[1] // res.draws_per_round * res.thinning, 1)),
         "setup_bits_per_chain": float(res.setup_bits_up.mean() + res.setup_bits_down.mean()),
         "diagnostics": diagnostics.summary(res.samples),
+        "step": built.step,
         "theta_star": None if built.mode is None else {"rounds": built.mode.rounds, "bits": built.mode.bits},
         "sampler_seconds": res.wall_seconds,
         "wall_seconds": time.perf_counter() - started,
@@ -370,8 +372,11 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     }
     out = Path(out)
     io.write_json(out / "results.json", payload)
-    io.write_posterior(out / "posterior.nc", {built.sampler.name: res}, attrs={"config": cfg})
-    plot_trace(out / "trace.png", res.samples, exact)
+    if built.inputs is None:
+        io.write_posterior(out / "posterior.nc", {built.sampler.name: res}, attrs={"config": cfg})
+        plot_trace(out / "trace.png", res.samples, exact)
+    else:
+        payload["summary"] = outputs.write_run(out, cfg, built, res)
     return payload
 
 
