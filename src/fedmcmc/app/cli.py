@@ -1,5 +1,5 @@
 """Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | predict RUN_DIR DATA.csv |
-flower sim|deploy CONFIG.toml | bench``.
+example NAME DIR | flower sim|deploy CONFIG.toml | bench``.
 
 Bad input ends with one line on stderr that names the problem and the fix, and exit code 2;
 a run that diverges ends with exit code 3 and says which step size to lower.
@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("data", type=Path, help="CSV file with a header and the run's feature columns (target optional)")
     pr.add_argument("--out", type=Path, default=None, help="output CSV (default RUN_DIR/predictions-DATA.csv)")
     pr.add_argument("--level", type=float, default=0.94, help="probability of a regression's interval (default 0.94)")
+    e = sub.add_parser("example", help="write an example's input files (docs/tutorial.md)")
+    e.add_argument("name", choices=["three-hospitals"])
+    e.add_argument("folder", type=Path)
     f = sub.add_parser("flower", help="run a config on Flower: simulation or local deployment engine")
     f.add_argument("engine", choices=["sim", "deploy"])
     f.add_argument("config", type=Path)
@@ -119,6 +122,12 @@ def _main(args) -> int:
 
         path = predict(args.run_dir, args.data, args.out, level=args.level)
         print(f"wrote {path}")
+        return 0
+    if args.command == "example":
+        from fedmcmc.app.examples import EXAMPLES
+
+        written = EXAMPLES[args.name](args.folder)
+        print("wrote " + ", ".join(str(path) for path in written))
         return 0
     if args.command == "flower":
         from fedmcmc.app.flower import launch

@@ -52,6 +52,7 @@ from fedmcmc.compression import resolve_compressor
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 from fedmcmc.runtime.simulator import simulate
+from fedmcmc.core.checks import check_schedule
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"}
 #: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
@@ -330,9 +331,10 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     cfg = load(path)
     started = time.perf_counter()
     built = build(cfg, path.parent)
+    r = dict(cfg["run"])
+    check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1), r.get("chunk_size"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(path.read_text())
-    r = dict(cfg["run"])
     res = simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim), r["num_iterations"],
                    num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
                    chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress)
