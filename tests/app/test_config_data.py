@@ -71,18 +71,7 @@ def test_three_csv_files_run_end_to_end(tmp_path, frame):
     assert inputs["num_classes"] == 2 and inputs["class_names"] == ["0", "1"] and len(inputs["feature_names"]) == 30
     assert len(inputs["scaling"]["mean"]) == 30 and results["num_draws"] == 60
     assert "posterior_mean_error" not in results and (out / "posterior.nc").is_file()
-    # the practitioner's outputs: summary.json with per-client metrics, named dims, and predictions on new rows
-    summary = json.loads((out / "summary.json").read_text())
-    assert len(summary["predictive"]["clients"]) == 3 and {"rank.png", "reliability.png"} <= {
-        f.name for f in out.iterdir()}
-    rows = tmp_path / "new.csv"
-    frame.iloc[:5].to_csv(rows, index=False)
-    proc = subprocess.run([sys.executable, "-m", "fedmcmc", "predict", str(out), str(rows), "--out",
-                           str(tmp_path / "pred.csv")], capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    import pandas as pd
-    pred = pd.read_csv(tmp_path / "pred.csv")
-    assert len(pred) == 5 and "entropy" in pred and "correct" in pred
+    assert (out / "summary.json").is_file()  # the outputs and predictions: tests/app/test_tutorial.py
 
 
 def test_built_from_text_in_the_configs_folder(tmp_path, frame):

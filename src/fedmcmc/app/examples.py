@@ -41,13 +41,13 @@ refresh_every = 10                                    # clients refresh their co
 [run]
 seed = 0
 num_chains = 4
-num_iterations = 4000
-burn_in = 1000
-thinning = 4
+num_iterations = 20000
+burn_in = 2000
+thinning = 20
 """
 
 
-def three_hospitals(folder: str | Path, step_size: float | str = 1e-3) -> list[Path]:
+def three_hospitals(folder: str | Path, step_size: float | str = 0.05) -> list[Path]:
     """Write the three sites' CSV files, ``new_patients.csv`` and ``hospitals.toml`` into ``folder``.
 
     Rows are drawn without replacement (seed 0), so no patient is in two files.
