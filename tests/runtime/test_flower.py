@@ -202,3 +202,65 @@ def test_no_raw_data_leaves_a_client(tmp_path):
                 assert len(value) <= 4 * d + 8  # at most one float32 vector of dimension d
                 for row in np.asarray(raw, np.float32).reshape(len(raw), -1):
                     assert row.tobytes() not in value
+
+
+class InProcessGrid:
+    """Flower's ``Grid`` (push, pull, node ids) answered in this process by a ``ClientApp``,
+    one ``Context`` per node: real Flower messages, records and mods, without the engines."""
+
+    def __init__(self, app, n):
+        from flwr.app import Context, RecordDict
+
+        self.app, self.replies = app, {}
+        self.contexts = {100 + i: Context(run_id=1, node_id=100 + i, node_config={"partition-id": i},
+                                          state=RecordDict(), run_config={}) for i in range(n)}
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = m.object_id
+            self.replies[m.object_id] = self.app(m, self.contexts[m.metadata.dst_node_id])
+            ids.append(m.object_id)
+        return ids
+
+    def pull_messages(self, ids):
+        return [self.replies.pop(i) for i in list(ids) if i in self.replies]
+
+
+def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wrap_the_client(tmp_path, monkeypatch):
+    """Uploads travel in an ArrayRecord of train messages, so Flower mods see them: a mod that
+    records what it sees and the reply-size limit mod leave the samples bit for bit; a limit
+    below one upload's size refuses every upload (every client inactive, never applied)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedmcmc.app.flower.apps import ARRAYS, GridTransport, make_client_app, reply_limit_mod
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):  # as in a ServerApp process
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+    seen = []
+
+    def spy(msg, context, call_next):
+        reply = call_next(msg, context)
+        seen.append((msg.metadata.message_type, {k: v.dtype for k, v in reply.content[ARRAYS].items()}))
+        return reply
+
+    text = QLSD_PP.replace("num_iterations = 6", "num_iterations = 4")
+    cache = jax.config.jax_compilation_cache_dir
+    try:
+        for limit, out in ((10_000, tmp_path / "big"), (8, tmp_path / "small")):
+            grid = InProcessGrid(make_client_app([reply_limit_mod(limit), spy]), 3)
+            server = ServerRuntime(text, out, config.from_text)
+            res = server.run(GridTransport(grid, server))
+            if limit == 10_000:
+                np.testing.assert_array_equal(res.samples, reference(text).samples)  # bit for bit
+                assert server.stats["missing_replies"] == 0
+            else:
+                assert server.stats["missing_replies"] > 0 and int(res.active.sum()) == 0  # none applied
+    finally:
+        jax.config.update("jax_compilation_cache_dir", cache)
+    train = [arrays for kind, arrays in seen if kind == "train"]
+    assert train and all(arrays and all(dt == "uint8" for dt in arrays.values()) for arrays in train)

@@ -18,6 +18,10 @@ import tomllib
 from pathlib import Path
 
 ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+#: The SuperNode's process launcher (``flower-superexec``, started by each SuperNode with the
+#: SuperNode's environment) looks for a new message every second by default; a SuperNode of a
+#: local deployment looks every 0.05 s (Flower's public setting; docs/flower.md, "Latency").
+NODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
 APP_DIR = Path(__file__).parent / "flwr_app"
 
 
@@ -113,7 +117,7 @@ class LocalDeployment:
         home = self.workdir / "flwr-home"
         home.mkdir(exist_ok=True)
         bindir = str(Path(sys.executable).parent)
-        self.env = {**os.environ, **ENV, "FLWR_HOME": str(home), "PATH": bindir + os.pathsep + os.environ["PATH"]}
+        self.env = {**os.environ, **ENV, **NODE_ENV, "FLWR_HOME": str(home), "PATH": bindir + os.pathsep + os.environ["PATH"]}
         self.bin = lambda name: shutil.which(name, path=self.env["PATH"]) or name  # noqa: E731
         self.port = free_port()
         security = ["--insecure"] if self.tls is None else [

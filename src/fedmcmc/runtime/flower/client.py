@@ -24,7 +24,7 @@ import numpy as np
 
 from fedmcmc.core import xla
 from fedmcmc.runtime import round as rnd
-from fedmcmc.runtime.flower.wire import encode_upload, items, pack, unpack
+from fedmcmc.runtime.flower.wire import encode_upload, from_leaves, items, leaves, pack, unpack
 from fedmcmc.runtime.records import save_npz
 from fedmcmc.runtime.round import chain_keys
 
@@ -150,7 +150,7 @@ class ClientRuntime:
                 with np.load(state_dir / f"client{self.index}" / f"round{saved[-1]}.npz") as z:
                     store.update(committed=z["committed"].tobytes(), pending=z["pending"].tobytes(), k=saved[-1])
                 return {"ok": 1}
-            bc = unpack(msg["broadcast"], self.bc_like)
+            bc = from_leaves(msg["broadcast"], self.bc_like)
             cs = self.init(self.chain_keys, bc)
             store.update(committed=pack(cs), pending=pack(cs), k=-1)
             if state_dir is not None:
@@ -158,22 +158,22 @@ class ClientRuntime:
             return {"ok": 1}
         committed = unpack(store["committed"], self.cs_like)
         if kind == "setup":
-            cs, up, info = self.setup(self.chain_keys, committed, unpack(msg["broadcast"], self.bc_like))
+            cs, up, info = self.setup(self.chain_keys, committed, from_leaves(msg["broadcast"], self.bc_like))
             store.update(committed=pack(cs), pending=pack(cs))
-            return {"upload": pack(up), "bits": [int(x) for x in np.asarray(info.bits)[:, 0]]}
+            return {"upload": leaves(up), "bits": [int(x) for x in np.asarray(info.bits)[:, 0]]}
         if kind == "setup_receive":
-            cs = self.receive(committed, unpack(msg["message"], self.msg_like))
+            cs = self.receive(committed, from_leaves(msg["message"], self.msg_like))
             store.update(committed=pack(cs), pending=pack(cs))
             if state_dir is not None:
                 self._save(state_dir, -1, store, 0)
             return {"ok": 1}
         if kind == "round":
             k = int(msg["k"])
-            accepted = unpack(msg["accepted"], flags)[0]
-            mask = unpack(msg["mask"], flags)[0]
+            accepted = from_leaves(msg["accepted"], flags)[0]
+            mask = from_leaves(msg["mask"], flags)[0]
             pending = unpack(store["pending"], self.cs_like)
             cs = self.accept(jnp.asarray(accepted), pending, committed)
-            bc = unpack(msg["broadcast"], self.bc_like)
+            bc = from_leaves(msg["broadcast"], self.bc_like)
             new_cs, up, bits = self.step(self.chain_keys, cs, bc, jnp.asarray(mask)[:, None], jnp.int32(k))
             store.update(committed=pack(cs), pending=pack(new_cs), k=k)
             if state_dir is not None:

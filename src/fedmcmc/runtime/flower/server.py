@@ -32,14 +32,14 @@ import numpy as np
 from fedmcmc.core import xla
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime.flower.client import Build, ClientRuntime, config_hash
-from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, items, pack, unpack
+from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, from_leaves, items, leaves
 from fedmcmc.runtime.records import assemble, check_finite, fingerprint, save_npz
 from fedmcmc.runtime.round import chain_keys
 
 log = logging.getLogger("fedmcmc.runtime.flower")
 
 #: Default settings of the ``[flower]`` part of a run (``ServerRuntime`` keyword arguments).
-DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8}
+DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8, "poll_interval": 0.05}
 
 
 
@@ -144,7 +144,7 @@ class ServerRuntime:
             for i in range(num_chunks):
                 with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
                     pieces.append({name: z[name] for name in z.files})
-            self._all(transport, {i: self._message("init", resume_from=done, broadcast=pack(broadcast))
+            self._all(transport, {i: self._message("init", resume_from=done, broadcast=leaves(broadcast))
                                   for i in clients}, "resume")
             log.info("resumed at round %d", done)
         else:
@@ -153,7 +153,7 @@ class ServerRuntime:
                     old.unlink()
             chunk_dir.mkdir(parents=True, exist_ok=True)
             server_state, broadcast = self.init(self.chain_keys, self.theta0)
-            self._all(transport, {i: self._message("init", broadcast=pack(broadcast)) for i in clients}, "init")
+            self._all(transport, {i: self._message("init", broadcast=leaves(broadcast)) for i in clients}, "init")
             if self.sampler.setup is not None:
                 server_state, setup_bits = self._setup(transport, server_state, broadcast)
         while done < self.N:
@@ -193,13 +193,13 @@ class ServerRuntime:
                          setup_bits)
 
     def _setup(self, transport, server_state, broadcast):
-        replies = self._all(transport, {i: self._message("setup", broadcast=pack(broadcast)) for i in range(self.b)},
+        replies = self._all(transport, {i: self._message("setup", broadcast=leaves(broadcast)) for i in range(self.b)},
                             "setup")
-        uploads = [unpack(replies[i]["upload"], self.setup_up_like) for i in range(self.b)]
+        uploads = [from_leaves(replies[i]["upload"], self.setup_up_like) for i in range(self.b)]
         uploads = jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=1), *uploads)
         bits_up = np.sum([replies[i]["bits"] for i in range(self.b)], axis=0).astype(np.int64)
         server_state, message, info = self.setup(self.chain_keys, server_state, uploads)
-        self._all(transport, {i: self._message("setup_receive", message=pack(message)) for i in range(self.b)},
+        self._all(transport, {i: self._message("setup_receive", message=leaves(message)) for i in range(self.b)},
                   "setup result")
         return server_state, (bits_up, np.asarray(info.broadcast_bits, np.int64) * self.b)
 
@@ -207,9 +207,9 @@ class ServerRuntime:
         """One round: masks, messages to the clients active in some chain, decoding and
         validation of the replies, ``server_step`` with the effective mask."""
         mask = np.asarray(self.masks(self.chain_keys, jnp.int32(k)))  # [C, b]
-        bc = pack(broadcast)
-        messages = {i: self._message("round", k=k, broadcast=bc, mask=pack([mask[:, i]]),
-                                     accepted=pack([accepted[:, i]]), keep=self.chunk + 2)
+        bc = leaves(broadcast)
+        messages = {i: self._message("round", k=k, broadcast=bc, mask=leaves([mask[:, i]]),
+                                     accepted=leaves([accepted[:, i]]), keep=self.chunk + 2)
                     for i in range(self.b) if mask[:, i].any()}
         replies = transport.exchange(messages, self.flower["round_timeout"]) if messages else {}
         uploads = [np.zeros((self.C, self.b) + tuple(x.shape), x.dtype) for x in self.up_leaves]
