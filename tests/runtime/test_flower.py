@@ -74,10 +74,11 @@ def reference(text):
 def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_path):
     """The Flower apps on the simulation engine (every sampler over the runtime without Flower:
     tests/core/test_conformance.py)."""
-    from fedmcmc.app.flower.launch import run_sim_many
+    from fedmcmc.app.flower.launch import run_sim
 
     out = tmp_path / "qlsdpp"
-    payload, = run_sim_many([(QLSD_PP, out)])
+    (tmp_path / "run.toml").write_text(QLSD_PP)
+    payload = run_sim(tmp_path / "run.toml", out)
     ref = reference(QLSD_PP)
     chunks = sorted((out / "chunks").glob("chunk_*.npz"))
     samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
@@ -208,12 +209,12 @@ class InProcessGrid:
     """Flower's ``Grid`` (push, pull, node ids) answered in this process by a ``ClientApp``,
     one ``Context`` per node: real Flower messages, records and mods, without the engines."""
 
-    def __init__(self, app, n):
+    def __init__(self, app, n, text):
         from flwr.app import Context, RecordDict
 
         self.app, self.replies = app, {}
         self.contexts = {100 + i: Context(run_id=1, node_id=100 + i, node_config={"partition-id": i},
-                                          state=RecordDict(), run_config={}) for i in range(n)}
+                                          state=RecordDict(), run_config={"config": text}) for i in range(n)}
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -230,16 +231,21 @@ class InProcessGrid:
         return [self.replies.pop(i) for i in list(ids) if i in self.replies]
 
 
-def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wrap_the_client(tmp_path, monkeypatch):
+@pytest.fixture
+def server_identity(monkeypatch):
+    """What Flower sets in a ServerApp process (messages are made with it)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wrap_the_client(tmp_path,
+                                                                                            server_identity):
     """Uploads travel in an ArrayRecord of train messages, so Flower mods see them: a mod that
     records what it sees and the reply-size limit mod leave the samples bit for bit; a limit
     below one upload's size refuses every upload (every client inactive, never applied)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
     from fedmcmc.app.flower.apps import ARRAYS, GridTransport, make_client_app, reply_limit_mod
-
-    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):  # as in a ServerApp process
-        monkeypatch.setattr(TaskIdentity, name, value)
 
     seen = []
 
@@ -252,7 +258,7 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
     cache = jax.config.jax_compilation_cache_dir
     try:
         for limit, out in ((10_000, tmp_path / "big"), (8, tmp_path / "small")):
-            grid = InProcessGrid(make_client_app([reply_limit_mod(limit), spy]), 3)
+            grid = InProcessGrid(make_client_app([reply_limit_mod(limit), spy]), 3, text)
             server = ServerRuntime(text, out, config.from_text)
             res = server.run(GridTransport(grid, server))
             if limit == 10_000:
@@ -264,3 +270,22 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
         jax.config.update("jax_compilation_cache_dir", cache)
     train = [arrays for kind, arrays in seen if kind == "train"]
     assert train and all(arrays and all(dt == "uint8" for dt in arrays.values()) for arrays in train)
+
+
+def test_a_node_with_other_data_shapes_is_refused_with_its_name(tmp_path, server_identity):
+    """The hello exchange checks each node's client count and data shapes (here a mod makes
+    partition 2 report a point of 6 features instead of 5)."""
+    from fedmcmc.app.flower.apps import GridTransport, from_content, make_client_app, to_content
+
+    def other_data(msg, context, call_next):
+        reply = call_next(msg, context)
+        h = from_content(reply.content)
+        if h.get("index") == 2:
+            h["shapes"] = [[6] if s == [5] else s for s in h["shapes"]]
+            reply.content = to_content(h)
+        return reply
+
+    grid = InProcessGrid(make_client_app([other_data]), 3, QLSD_PP)
+    server = ServerRuntime(QLSD_PP, tmp_path, config.from_text)
+    with pytest.raises(RuntimeError, match=r"SuperNode 102 \(partition-id 2\) holds data of shapes"):
+        GridTransport(grid, server)

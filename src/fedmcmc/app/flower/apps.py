@@ -1,15 +1,19 @@
 """The Flower ``ServerApp`` and ``ClientApp`` of fedmcmc (Message API, flwr 1.41).
 
-* ``server_app``: a plain ``@app.main()`` loop; it reads ``config-path`` (the run's TOML),
-  ``out`` (output folder) and ``resume`` from the run config, discovers which SuperNode holds
-  which client (a ``hello`` message answered with the node's ``partition-id``) and runs
-  :class:`~fedmcmc.runtime.flower.server.ServerRuntime` over ``grid.send_and_receive``.
-* ``client_app``: one ``query`` handler that runs :class:`~fedmcmc.runtime.flower.client.ClientRuntime`
-  for the node's partition (``--node-config "partition-id=i"``), keeping the client state in
-  ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it.
+* ``server_app``: a plain ``@app.main()`` loop; it reads ``config`` (the run's TOML text, which
+  travels in Flower's run config), ``out`` (output folder) and ``resume`` from the run config,
+  discovers which SuperNode holds which client (a ``hello`` message answered with the node's
+  ``partition-id``, client count and data shapes, checked by :func:`_check_hello`) and runs
+  :class:`~fedmcmc.runtime.flower.server.ServerRuntime` over its own push/pull loop
+  (:meth:`GridTransport.send_and_receive`, polling every ``poll_interval`` seconds).
+* ``client_app`` (:func:`make_client_app`, optionally wrapped in Flower mods): one handler for
+  ``train`` (rounds) and ``query`` (hello, init, setup) messages that runs
+  :class:`~fedmcmc.runtime.flower.client.ClientRuntime` for the node's partition
+  (``--node-config "partition-id=i"``) and the run config's ``config``, keeping the client state
+  in ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it.
 
-Every message is one ``ConfigRecord`` named ``fedmcmc``: bytes stay bytes (the uploads'
-wire encodings, ``.npz`` arrays), other values are JSON strings.
+A message is an ``ArrayRecord`` (broadcasts and masks as arrays, the uploads' wire encodings as
+``uint8`` arrays) and a ``ConfigRecord`` of JSON strings (:func:`to_content`).
 """
 
 from __future__ import annotations
@@ -39,29 +43,36 @@ TRAIN_KINDS = {"round"}
 
 
 def to_content(message: dict) -> RecordDict:
-    """A runtime message as Flower records: arrays (lists of NumPy arrays: broadcasts, masks;
-    ``bytes``: the uploads' wire encodings, as ``uint8`` arrays) in an ``ArrayRecord``, the rest
-    as JSON strings in a ``ConfigRecord`` (with the layout of the arrays)."""
-    arrays, config, layout = {}, {}, {}
+    """A runtime message as Flower records: arrays (lists of NumPy arrays: broadcasts, masks) in an
+    ``ArrayRecord``, one ``Array`` each, and every ``bytes`` value (the uploads' wire encodings)
+    in one ``uint8`` array ``wire`` (few arrays: each is a separate object on every hop); the rest
+    as JSON strings in a ``ConfigRecord``, with the layout of the arrays."""
+    arrays, config, layout, blobs = {}, {}, {}, []
     for name, value in message.items():
         if isinstance(value, bytes):
-            arrays[name], layout[name] = Array(np.frombuffer(value, np.uint8)), -1
+            blobs.append((name, value))
         elif isinstance(value, list) and value and all(isinstance(v, np.ndarray) for v in value):
             arrays.update({f"{name}/{j}": Array(np.ascontiguousarray(v)) for j, v in enumerate(value)})
             layout[name] = len(value)
         else:
             config[name] = json.dumps(value)
+    if blobs:
+        arrays["wire"] = Array(np.frombuffer(b"".join(v for _, v in blobs), np.uint8))
     config["arrays"] = json.dumps(layout)
+    config["wire"] = json.dumps([[name, len(v)] for name, v in blobs])
     return RecordDict({META: ConfigRecord(config), ARRAYS: ArrayRecord(arrays)})
 
 
 def from_content(content: RecordDict) -> dict:
     """Inverse of :func:`to_content`."""
     config, arrays = content[META], content[ARRAYS]
-    out = {k: json.loads(v) for k, v in config.items() if k != "arrays"}
+    out = {k: json.loads(v) for k, v in config.items() if k not in ("arrays", "wire")}
     for name, n in json.loads(config["arrays"]).items():
-        out[name] = (arrays[name].numpy().tobytes() if n < 0
-                     else [arrays[f"{name}/{j}"].numpy() for j in range(n)])
+        out[name] = [arrays[f"{name}/{j}"].numpy() for j in range(n)]
+    blobs, start = json.loads(config["wire"]), 0
+    wire = arrays["wire"].numpy().tobytes() if blobs else b""
+    for name, length in blobs:
+        out[name], start = wire[start:start + int(length)], start + int(length)
     return out
 
 
@@ -131,9 +142,10 @@ def handle(msg: Message, context: Context) -> Message:
         m["state_dir"] = str(context.node_config["state-dir"])
     _compilation_cache(m.get("state_dir"))
     index = int(context.node_config.get("partition-id", -1))
-    key = (config_hash(m["config"]), index)
+    text = str(context.run_config["config"])  # the run's config travels with the run, read once per run
+    key = (config_hash(text), index)
     if key not in _RUNTIMES:
-        _RUNTIMES[key] = ClientRuntime(m["config"], index, config_lib.from_text)
+        _RUNTIMES[key] = ClientRuntime(text, index, config_lib.from_text)
     runtime = _RUNTIMES[key]
     store = dict(context.state[META]) if META in context.state else {}
     if store.get("config") not in (None, key[0]):
@@ -160,6 +172,34 @@ client_app = make_client_app()
 # --------------------------------------------------------------------------------------
 
 
+def _check_hello(replies: list[Message], b: int) -> dict[int, int]:
+    """Client index -> SuperNode id from the nodes' ``hello`` replies; refuses (naming the node) a
+    node that failed, a partition claimed twice or missing, a node whose config has another number
+    of clients, and data whose per-point shapes differ from the other nodes'."""
+    node: dict[int, int] = {}
+    first = None
+    for r in replies:
+        n = int(r.metadata.src_node_id)
+        if r.has_error():
+            raise RuntimeError(f"SuperNode {n} failed to start its client: {r.error.reason}")
+        h = from_content(r.content)
+        i, name = int(h["index"]), f"SuperNode {n} (partition-id {h['index']})"
+        if i in node:
+            raise RuntimeError(f"two SuperNodes claim partition-id {i}; give each node its own partition-id")
+        if int(h["num_clients"]) != b:
+            raise RuntimeError(f"{name} has {h['num_clients']} clients in its run config, the server {b}; "
+                               "every node needs the run's config")
+        first = first or (name, h["shapes"])
+        if h["shapes"] != first[1]:
+            raise RuntimeError(f"{name} holds data of shapes {h['shapes']} per point, {first[0]} {first[1]}; "
+                               "every node's data needs the same features")
+        node[i] = n
+    missing = sorted(set(range(b)) - set(node))
+    if missing:
+        raise RuntimeError(f"no SuperNode answered for client(s) {missing}")
+    return node
+
+
 class GridTransport:
     """Client indices to SuperNodes over a Flower ``Grid``."""
 
@@ -177,16 +217,7 @@ class GridTransport:
         replies = self.send_and_receive(
             [Message(to_content(hello), dst_node_id=int(n), message_type=MessageType.QUERY) for n in nodes],
             runtime.flower["round_timeout"])
-        for r in replies:
-            if r.has_error():
-                raise RuntimeError(f"SuperNode {r.metadata.src_node_id} failed to start its client: {r.error.reason}")
-            i = int(from_content(r.content)["index"])
-            if i in self.node:
-                raise RuntimeError(f"two SuperNodes claim partition-id {i}; give each node its own partition-id")
-            self.node[i] = int(r.metadata.src_node_id)
-        missing = sorted(set(range(runtime.b)) - set(self.node))
-        if missing:
-            raise RuntimeError(f"no SuperNode answered for client(s) {missing}")
+        self.node = _check_hello(replies, runtime.b)
         self.index = {n: i for i, n in self.node.items()}
 
     def send_and_receive(self, messages: list[Message], timeout: float | None) -> list[Message]:
@@ -232,7 +263,8 @@ def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str) -> dic
     seconds = runtime.stats["round_seconds"]
     stats = {k: v for k, v in runtime.stats.items() if k != "round_seconds"}
     stats.update(engine=engine, rounds_this_session=len(seconds),
-                 median_round_seconds=float(sorted(seconds)[len(seconds) // 2]) if seconds else None)
+                 median_round_seconds=float(sorted(seconds)[len(seconds) // 2]) if seconds else None,
+                 max_round_seconds=float(max(seconds)) if seconds else None)
     return config_lib.report(runtime.cfg, runtime.built, res, Path(out), started, flower=stats)
 
 
@@ -244,27 +276,12 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     out = Path(str(rc["out"]))
     try:
-        text = Path(str(rc["config-path"])).read_text()
-        run_server(grid, text, str(out), bool(rc.get("resume", False)), str(rc.get("engine", "deployment")))
+        run_server(grid, str(rc["config"]), str(out), bool(rc.get("resume", False)), str(rc.get("engine", "deployment")))
+        (out / "flower-done.txt").write_text("done\n")  # every output written, for the launchers
     except BaseException as err:
         out.mkdir(parents=True, exist_ok=True)
         (out / "flower-error.txt").write_text(f"{type(err).__name__}: {err}\n")  # for `fedmcmc flower deploy`
         raise
-
-
-def make_server_app(runs: list[tuple[str, str]], resume: bool = False, engine: str = "simulation") -> ServerApp:
-    """A ServerApp bound to runs ``[(config text, out folder), ...]`` done one after the other
-    on the same nodes (for :func:`flwr.simulation.run_simulation`); ``app.results`` holds
-    their ``results.json`` payloads."""
-    app = ServerApp()
-    app.results = []
-
-    @app.main()
-    def _main(grid: Grid, context: Context) -> None:
-        for cfg_text, out in runs:
-            app.results.append(run_server(grid, cfg_text, out, resume, engine))
-
-    return app
 
 
 logging.getLogger("fedmcmc.runtime.flower").setLevel(logging.INFO)

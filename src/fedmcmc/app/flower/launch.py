@@ -1,18 +1,22 @@
 """``fedmcmc flower sim|deploy``: run a config on Flower's simulation or deployment engine.
 
-* :func:`run_sim` runs the ServerApp in this process and the ClientApps on Flower's
-  simulation engine (Ray actors), one virtual SuperNode per client.
+* :func:`run_sim` starts a local SuperLink with Flower's simulation engine (``--simulation``:
+  ClientApps as Ray actors, one virtual SuperNode per client) and submits the app with ``flwr run``
+  (Flower's supported path; ``flwr.simulation.run_simulation`` is deprecated).
 * :func:`run_deploy` starts a local deployment on 127.0.0.1 -- a SuperLink and one SuperNode
   per client (``--node-config "partition-id=i"``), with free ports chosen at run time --
-  submits the app folder shipped with the package with ``flwr run``, waits for the output
-  folder and stops every process it started.
+  submits the app folder shipped with the package with ``flwr run``.
 
-Both write the output folder of ``fedmcmc run`` (``results.json``, ``posterior.nc``,
+Both wait for the output folder and stop every process they started. The run's config travels
+in Flower's run config (:func:`run_config_file`); no node reads it from the server's disk.
+
+The output folder is that of ``fedmcmc run`` (``results.json``, ``posterior.nc``,
 ``chunks/``) and resume with ``resume=True``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -64,30 +68,25 @@ def num_clients(text: str) -> int:
 
 
 def run_sim(config_path, out, clients: int | None = None, resume: bool = False) -> dict:
-    """Run on Flower's simulation engine; returns the ``results.json`` payload."""
-    return run_sim_many([(prepare_config(config_path, clients), out)], resume=resume)[0]
+    """Run on Flower's simulation engine (``flwr run`` on a local SuperLink started with
+    ``--simulation``, one virtual SuperNode per client); returns the ``results.json`` payload."""
+    text = prepare_config(config_path, clients)
+    out = Path(out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "run.toml"
+    cfg_path.write_text(text)
+    with LocalDeployment(num_clients(text), out / "simulation", simulation=True) as dep:
+        return dep.run(cfg_path, out, resume=resume)
 
 
-def run_sim_many(runs: list[tuple[str, str]], resume: bool = False) -> list[dict]:
-    """Runs ``[(config text, out), ...]`` (same number of clients) in one simulation engine."""
-    os.environ.update(ENV)
-    from flwr.simulation import run_simulation
-
-    from fedmcmc.app.flower.apps import client_app, make_server_app
-
-    sizes = {num_clients(text) for text, _ in runs}
-    if len(sizes) != 1:
-        raise ValueError(f"runs in one simulation need the same number of clients (got {sorted(sizes)})")
-    for _, out in runs:
-        Path(out).mkdir(parents=True, exist_ok=True)
-    app = make_server_app([(text, str(out)) for text, out in runs], resume=resume, engine="simulation")
-    run_simulation(app, client_app, num_supernodes=sizes.pop(),
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 1, "include_dashboard": False,
-                                                 "log_to_driver": False}})
-    if len(app.results) != len(runs):
-        raise RuntimeError("the Flower simulation ended before its runs finished; see the log above")
-    return app.results
+def run_config_file(text: str, out: Path, resume: bool, engine: str) -> Path:
+    """The file given to ``flwr run --run-config``: the run's TOML travels whole, as the run config's
+    ``config`` value (Flower flattens a run-config file into keys the app declares, with int, float,
+    bool or str values, so the sections and lists of a ``fedmcmc run`` TOML cannot be flattened)."""
+    path = out / "flower-run.toml"
+    path.write_text(f"config = {json.dumps(text, ensure_ascii=False)}\nout = {json.dumps(str(out), ensure_ascii=False)}\n"
+                    f"resume = {str(resume).lower()}\nengine = {json.dumps(engine)}\n")
+    return path
 
 
 def free_port() -> int:
@@ -100,10 +99,12 @@ def free_port() -> int:
 
 class LocalDeployment:
     """A SuperLink and ``n`` SuperNodes on 127.0.0.1 (context manager; every process it
-    started is stopped on exit). ``tls=(ca, cert, key)`` paths switch TLS on."""
+    started is stopped on exit). ``tls=(ca, cert, key)`` paths switch TLS on. With
+    ``simulation=True`` the SuperLink runs Flower's simulation engine with ``n`` virtual
+    SuperNodes instead (no SuperNode processes)."""
 
-    def __init__(self, n: int, workdir, tls=None, node_config=None, auth_keys=None):
-        self.n, self.workdir, self.tls = n, Path(workdir), tls
+    def __init__(self, n: int, workdir, tls=None, node_config=None, auth_keys=None, simulation: bool = False):
+        self.n, self.workdir, self.tls, self.simulation = n, Path(workdir), tls, simulation
         self.node_config = node_config or {}
         self.auth_keys = auth_keys  # [(private key path, public key path)] per node, or None
         self.procs: list = []
@@ -132,14 +133,15 @@ class LocalDeployment:
                                                start_new_session=True))
 
         auth = ["--enable-supernode-auth"] if self.auth_keys else []
-        start([self.bin("flower-superlink"), *security, *auth, "--port", str(self.port),
+        simulation = ["--simulation"] if self.simulation else []
+        start([self.bin("flower-superlink"), *security, *auth, *simulation, "--port", str(self.port),
                "--disable-runtime-dependency-installation", "--database", str(self.workdir / "link.db")], "superlink.log")
         self._wait_for_port(self.port)
         node_security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls[0])]
         if self.auth_keys:
             for _, public in self.auth_keys:
                 self.register(public)
-        for i in range(self.n):
+        for i in range(0 if self.simulation else self.n):
             cfg = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
                            for k, v in {"partition-id": i, **self.node_config.get(i, {})}.items())
             key = ["--auth-supernode-private-key", str(self.auth_keys[i][0])] if self.auth_keys else []
@@ -184,36 +186,39 @@ class LocalDeployment:
         return self.wait(self.submit(cfg_path, out, resume), timeout)
 
     def submit(self, cfg_path, out, resume: bool = False) -> Path:
+        """Submit the run of the config file ``cfg_path`` (its text travels in the run config)."""
         import subprocess
 
         out = Path(out).absolute()
         out.mkdir(parents=True, exist_ok=True)
         result = out / "results.json"
-        for old in (result, out / "flower-error.txt"):
+        for old in (result, out / "flower-error.txt", out / "flower-done.txt"):
             if old.exists():
                 old.unlink()
-        run_config = f"config-path='{Path(cfg_path).absolute()}' out='{out}' resume={str(resume).lower()}"
-        done = subprocess.run([self.bin("flwr"), "run", str(APP_DIR), "local", "--run-config", run_config],
-                              env=self.env, capture_output=True, text=True, timeout=120)
+        engine = "simulation" if self.simulation else "deployment"
+        run_config = run_config_file(Path(cfg_path).read_text(), out, resume, engine)
+        federation = ["--federation-config", f"num-supernodes={self.n} client-resources-num-cpus=1 "
+                      "init-args-num-cpus=1 init-args-log-to-driver=false"] if self.simulation else []
+        done = subprocess.run([self.bin("flwr"), "run", str(APP_DIR), "local", "--run-config", str(run_config),
+                               *federation], env=self.env, capture_output=True, text=True, timeout=120)
         if done.returncode:
             raise RuntimeError(f"flwr run failed: {done.stdout[-2000:]} {done.stderr[-2000:]}")
         return result
 
     def wait(self, result: Path, timeout: float = 1800.0) -> dict:
-        import json
+        """Wait for the ServerApp to finish the run (``flower-done.txt``); its ``results.json``."""
         import time
 
         deadline = time.monotonic() + timeout
-        error = result.with_name("flower-error.txt")
-        while not result.exists():
+        error, done = result.with_name("flower-error.txt"), result.with_name("flower-done.txt")
+        while not done.exists():
             if error.exists():
                 raise RuntimeError(f"the ServerApp failed: {error.read_text().strip()}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no {result} after {timeout:.0f} s; see the logs in {self.workdir}")
+                raise TimeoutError(f"the run did not finish in {timeout:.0f} s; see the logs in {self.workdir}")
             if self.procs[0].poll() is not None:
                 raise RuntimeError(f"the SuperLink stopped; see {self.workdir / 'superlink.log'}")
-            time.sleep(1.0)
-        time.sleep(0.5)
+            time.sleep(0.2)
         return json.loads(result.read_text())
 
     def kill_supernode(self, i: int) -> None:

@@ -135,8 +135,9 @@ class ClientRuntime:
     def handle(self, msg: dict, store: dict) -> dict:
         """Answer one server message (see the module docstring for the kinds)."""
         kind = msg["kind"]
-        if kind == "hello":
-            return {"index": self.index}
+        if kind == "hello":  # what the server checks before round 1
+            return {"index": self.index, "num_clients": self.b,
+                    "shapes": [list(a.shape[2:]) for a in jax.tree_util.tree_leaves(self.data)]}
         C = self.chain_keys.shape[0]
         flags = [jax.ShapeDtypeStruct((C,), jnp.bool_)]
         state_dir = Path(msg["state_dir"]) if msg.get("state_dir") else None

@@ -109,7 +109,7 @@ class ServerRuntime:
                 jax.eval_shape(s.setup.client, key, cs, bc, client0)[1])
 
     def _message(self, kind: str, **fields) -> dict:
-        return {"kind": kind, "config": self.cfg_text, "state_dir": self.state_dir, **fields}
+        return {"kind": kind, "state_dir": self.state_dir, **fields}
 
     def _all(self, transport, messages: dict, what: str) -> dict:
         replies = transport.exchange(messages, self.flower["round_timeout"])
