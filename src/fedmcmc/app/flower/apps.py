@@ -3,7 +3,8 @@
 * ``server_app``: a plain ``@app.main()`` loop; it reads ``config`` (the run's TOML text, which
   travels in Flower's run config), ``out`` (output folder) and ``resume`` from the run config,
   discovers which SuperNode holds which client (a ``hello`` message answered with the node's
-  ``partition-id``, client count and data shapes, checked by :func:`_check_hello`) and runs
+  ``partition-id``, client count and data shapes, checked by :class:`GridTransport`, which also
+  lets a restarted SuperNode rejoin under its partition) and runs
   :class:`~fedmcmc.runtime.flower.server.ServerRuntime` over its own push/pull loop
   (:meth:`GridTransport.send_and_receive`, polling every ``poll_interval`` seconds).
 * ``client_app`` (:func:`make_client_app`, optionally wrapped in Flower mods): one handler for
@@ -172,39 +173,18 @@ client_app = make_client_app()
 # --------------------------------------------------------------------------------------
 
 
-def _check_hello(replies: list[Message], b: int) -> dict[int, int]:
-    """Client index -> SuperNode id from the nodes' ``hello`` replies; refuses (naming the node) a
-    node that failed, a partition claimed twice or missing, a node whose config has another number
-    of clients, and data whose per-point shapes differ from the other nodes'."""
-    node: dict[int, int] = {}
-    first = None
-    for r in replies:
-        n = int(r.metadata.src_node_id)
-        if r.has_error():
-            raise RuntimeError(f"SuperNode {n} failed to start its client: {r.error.reason}")
-        h = from_content(r.content)
-        i, name = int(h["index"]), f"SuperNode {n} (partition-id {h['index']})"
-        if i in node:
-            raise RuntimeError(f"two SuperNodes claim partition-id {i}; give each node its own partition-id")
-        if int(h["num_clients"]) != b:
-            raise RuntimeError(f"{name} has {h['num_clients']} clients in its run config, the server {b}; "
-                               "every node needs the run's config")
-        first = first or (name, h["shapes"])
-        if h["shapes"] != first[1]:
-            raise RuntimeError(f"{name} holds data of shapes {h['shapes']} per point, {first[0]} {first[1]}; "
-                               "every node's data needs the same features")
-        node[i] = n
-    missing = sorted(set(range(b)) - set(node))
-    if missing:
-        raise RuntimeError(f"no SuperNode answered for client(s) {missing}")
-    return node
-
-
 class GridTransport:
-    """Client indices to SuperNodes over a Flower ``Grid``."""
+    """Client indices to SuperNodes over a Flower ``Grid``.
+
+    Before round 1 every node answers a ``hello`` (its ``partition-id``, client count and data
+    shapes); a node that fails, a partition claimed twice or missing, another client count, or
+    data shapes unlike the other nodes' stop the run with a message naming the SuperNode. Before
+    each round, a SuperNode that joined since (a restarted node has a new node id) is greeted the
+    same way and takes over its partition: it rejoins the run from its own saved state."""
 
     def __init__(self, grid: Grid, runtime: ServerRuntime, wait: float = 300.0):
-        self.grid = grid
+        self.grid, self.runtime, self.shapes, self.refused = grid, runtime, None, set()
+        self.poll = float(runtime.flower["poll_interval"])
         deadline = time.monotonic() + wait
         while len(nodes := list(grid.get_node_ids())) < runtime.b:
             if time.monotonic() > deadline:
@@ -212,13 +192,56 @@ class GridTransport:
                                    f"{runtime.b} clients; start one SuperNode per client")
             time.sleep(0.2)
         self.node: dict[int, int] = {}
-        self.poll = float(runtime.flower["poll_interval"])
-        hello = runtime._message("hello")
-        replies = self.send_and_receive(
-            [Message(to_content(hello), dst_node_id=int(n), message_type=MessageType.QUERY) for n in nodes],
-            runtime.flower["round_timeout"])
-        self.node = _check_hello(replies, runtime.b)
+        for n, h in self._hello(nodes):
+            if isinstance(h, str):
+                raise RuntimeError(h)
+            i = self._check(n, h)
+            if i in self.node:
+                raise RuntimeError(f"two SuperNodes claim partition-id {i}; give each node its own partition-id")
+            self.node[i] = n
+        missing = sorted(set(range(runtime.b)) - set(self.node))
+        if missing:
+            raise RuntimeError(f"no SuperNode answered for client(s) {missing}")
         self.index = {n: i for i, n in self.node.items()}
+
+    def _hello(self, nodes) -> list[tuple[int, dict | str]]:
+        """(node id, hello reply, or why the node failed) for each node that answered."""
+        sent = [Message(to_content(self.runtime._message("hello")), dst_node_id=int(n),
+                        message_type=MessageType.QUERY) for n in nodes]
+        return [(int(r.metadata.src_node_id),
+                 f"SuperNode {r.metadata.src_node_id} failed to start its client: {r.error.reason}"
+                 if r.has_error() else from_content(r.content))
+                for r in self.send_and_receive(sent, self.runtime.flower["round_timeout"])]
+
+    def _check(self, n: int, h: dict) -> int:
+        """The partition of node ``n`` from its hello ``h``, checked against the run and the other nodes."""
+        i, name = int(h["index"]), f"SuperNode {n} (partition-id {h['index']})"
+        if int(h["num_clients"]) != self.runtime.b:
+            raise RuntimeError(f"{name} has {h['num_clients']} clients in its run config, the server "
+                               f"{self.runtime.b}; every node needs the run's config")
+        self.shapes = self.shapes or (name, h["shapes"])
+        if h["shapes"] != self.shapes[1]:
+            raise RuntimeError(f"{name} holds data of shapes {h['shapes']} per point, {self.shapes[0]} "
+                               f"{self.shapes[1]}; every node's data needs the same features")
+        return i
+
+    def _rejoin(self) -> None:
+        """Greet SuperNodes that joined since the last round; each takes over its partition."""
+        new = set(map(int, self.grid.get_node_ids())) - set(self.index) - self.refused
+        if not new:
+            return
+        self.refused |= new  # greeted once: a node that does not answer is not asked again
+        for n, h in self._hello(sorted(new)):
+            try:
+                if isinstance(h, str):
+                    raise RuntimeError(h)
+                i = self._check(n, h)
+            except RuntimeError as err:
+                log.warning("ignoring a new SuperNode: %s", err)
+                continue
+            self.index.pop(self.node.get(i), None)
+            self.node[i], self.index[n] = n, i
+            log.warning("SuperNode %d joined as partition-id %d; it continues from its saved state", n, i)
 
     def send_and_receive(self, messages: list[Message], timeout: float | None) -> list[Message]:
         """Flower's ``Grid.send_and_receive`` with our poll interval: push, then pull every
@@ -237,6 +260,8 @@ class GridTransport:
         return replies
 
     def exchange(self, messages: dict[int, dict], timeout: float | None) -> dict[int, dict | None]:
+        if any(m["kind"] == "round" for m in messages.values()):
+            self._rejoin()
         out: dict[int, dict | None] = {i: None for i in messages}
         sent = [Message(to_content(m), dst_node_id=self.node[i], message_type=message_type(m["kind"]))
                 for i, m in messages.items()]

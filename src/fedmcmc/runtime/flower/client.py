@@ -143,13 +143,7 @@ class ClientRuntime:
         state_dir = Path(msg["state_dir"]) if msg.get("state_dir") else None
         if kind == "init":
             if int(msg.get("resume_from", -1)) > 0:
-                k = int(msg["resume_from"])
-                saved = sorted(int(p.stem[5:]) for p in (state_dir / f"client{self.index}").glob("round*.npz")
-                               if int(p.stem[5:]) < k) if state_dir else []
-                if not saved:
-                    raise RuntimeError(f"client {self.index} has no saved state before round {k} in {state_dir}")
-                with np.load(state_dir / f"client{self.index}" / f"round{saved[-1]}.npz") as z:
-                    store.update(committed=z["committed"].tobytes(), pending=z["pending"].tobytes(), k=saved[-1])
+                self._restore(state_dir, int(msg["resume_from"]), store)
                 return {"ok": 1}
             bc = from_leaves(msg["broadcast"], self.bc_like)
             cs = self.init(self.chain_keys, bc)
@@ -157,6 +151,8 @@ class ClientRuntime:
             if state_dir is not None:
                 self._save(state_dir, -1, store, 0)
             return {"ok": 1}
+        if "committed" not in store and kind == "round":  # a restarted node: its own saved state
+            self._restore(state_dir, int(msg["k"]), store)
         committed = unpack(store["committed"], self.cs_like)
         if kind == "setup":
             cs, up, info = self.setup(self.chain_keys, committed, from_leaves(msg["broadcast"], self.bc_like))
@@ -170,7 +166,7 @@ class ClientRuntime:
             return {"ok": 1}
         if kind == "round":
             k = int(msg["k"])
-            accepted = from_leaves(msg["accepted"], flags)[0]
+            accepted = from_leaves(msg["accepted_round"], [jax.ShapeDtypeStruct((C,), jnp.int32)])[0] == store["k"]
             mask = from_leaves(msg["mask"], flags)[0]
             pending = unpack(store["pending"], self.cs_like)
             cs = self.accept(jnp.asarray(accepted), pending, committed)
@@ -192,6 +188,15 @@ class ClientRuntime:
                 reply["wire_bits"].append(int(enc.bits))
             return reply
         raise ValueError(f"unknown message kind {kind!r}")
+
+    def _restore(self, state_dir: Path | None, k: int, store: dict) -> None:
+        """Load the node's latest saved state from before round ``k`` into ``store``."""
+        folder = state_dir / f"client{self.index}" if state_dir else None
+        saved = sorted(int(p.stem[5:]) for p in folder.glob("round*.npz") if int(p.stem[5:]) < k) if folder else []
+        if not saved:
+            raise RuntimeError(f"client {self.index} has no saved state before round {k} in {state_dir}")
+        with np.load(folder / f"round{saved[-1]}.npz") as z:
+            store.update(committed=z["committed"].tobytes(), pending=z["pending"].tobytes(), k=saved[-1])
 
     def _save(self, state_dir: Path, k: int, store: dict, keep: int):
         """The node's own checkpoint (its state folder): the state after round ``k``; files of
