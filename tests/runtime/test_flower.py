@@ -312,3 +312,16 @@ def test_a_node_with_other_data_shapes_is_refused_with_its_name(tmp_path, server
     server = ServerRuntime(QLSD_PP, tmp_path, config.from_text)
     with pytest.raises(RuntimeError, match=r"SuperNode 102 \(partition-id 2\) holds data of shapes"):
         GridTransport(grid, server)
+
+
+def test_the_run_config_file_carries_the_runs_toml_whole(tmp_path):
+    """What `flwr run --run-config FILE` reads (Flower flattens the file with tomli): the run's
+    TOML text comes back as it was, quotes, backslashes, lists and non-ASCII included."""
+    from flwr.common.config import parse_config_args
+
+    from fedmcmc.app.flower.launch import run_config_file
+
+    text = QLSD_PP + '[data]\nfiles = ["a b.csv", "c\\\\d.csv"]\ntarget = "Größe \\"x\\""\n'
+    flat = parse_config_args([str(run_config_file(text, tmp_path, True, "deployment"))])
+    assert flat == {"config": text, "out": str(tmp_path), "resume": True, "engine": "deployment"}
+    assert tomllib.loads(flat["config"])["data"]["files"] == ["a b.csv", "c\\d.csv"]

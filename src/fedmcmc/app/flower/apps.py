@@ -105,13 +105,13 @@ _RUNTIMES: dict[tuple, ClientRuntime] = {}
 
 
 def _faults(node_config) -> dict:
-    """Test hook: node config ``fault="KIND@ROUND"`` (``malformed``: undecodable bytes, ``fail``: an exception) makes
-    this node misbehave in that round."""
+    """Test hook: node config ``fault="KIND@ROUND[,ROUND...]"`` (``malformed``: undecodable bytes,
+    ``fail``: an exception) makes this node misbehave in those rounds."""
     spec = str(node_config.get("fault", ""))
     if "@" not in spec:
         return {}
-    kind, _, k = spec.partition("@")
-    return {int(k): kind}
+    kind, _, rounds = spec.partition("@")
+    return {int(k): kind for k in rounds.split(",")}
 
 
 def _compilation_cache(state_dir) -> None:
@@ -192,7 +192,11 @@ class GridTransport:
                                    f"{runtime.b} clients; start one SuperNode per client")
             time.sleep(0.2)
         self.node: dict[int, int] = {}
-        for n, h in self._hello(nodes):
+        def every_partition(replies):  # Flower lists a dead node for up to a minute: do not wait for it
+            answered = {int(from_content(r.content)["index"]) for r in replies if not r.has_error()}
+            return answered >= set(range(runtime.b))
+
+        for n, h in self._hello(nodes, every_partition):
             if isinstance(h, str):
                 raise RuntimeError(h)
             i = self._check(n, h)
@@ -204,14 +208,15 @@ class GridTransport:
             raise RuntimeError(f"no SuperNode answered for client(s) {missing}")
         self.index = {n: i for i, n in self.node.items()}
 
-    def _hello(self, nodes) -> list[tuple[int, dict | str]]:
-        """(node id, hello reply, or why the node failed) for each node that answered."""
+    def _hello(self, nodes, enough=None) -> list[tuple[int, dict | str]]:
+        """(node id, hello reply, or why the node failed) for each node that answered (all of
+        them, or until ``enough(replies)``)."""
         sent = [Message(to_content(self.runtime._message("hello")), dst_node_id=int(n),
                         message_type=MessageType.QUERY) for n in nodes]
         return [(int(r.metadata.src_node_id),
                  f"SuperNode {r.metadata.src_node_id} failed to start its client: {r.error.reason}"
                  if r.has_error() else from_content(r.content))
-                for r in self.send_and_receive(sent, self.runtime.flower["round_timeout"])]
+                for r in self.send_and_receive(sent, self.runtime.flower["round_timeout"], enough)]
 
     def _check(self, n: int, h: dict) -> int:
         """The partition of node ``n`` from its hello ``h``, checked against the run and the other nodes."""
@@ -243,10 +248,10 @@ class GridTransport:
             self.node[i], self.index[n] = n, i
             log.warning("SuperNode %d joined as partition-id %d; it continues from its saved state", n, i)
 
-    def send_and_receive(self, messages: list[Message], timeout: float | None) -> list[Message]:
+    def send_and_receive(self, messages: list[Message], timeout: float | None, enough=None) -> list[Message]:
         """Flower's ``Grid.send_and_receive`` with our poll interval: push, then pull every
-        ``poll_interval`` seconds (Flower's own checks every 3 s) until every reply is in or
-        ``timeout`` seconds have passed (the missing clients are then inactive)."""
+        ``poll_interval`` seconds (Flower's own checks every 3 s) until every reply is in,
+        ``enough(replies)``, or ``timeout`` seconds have passed (the missing clients are then inactive)."""
         pending = set(self.grid.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
@@ -254,7 +259,7 @@ class GridTransport:
             got = list(self.grid.pull_messages(pending))
             replies.extend(got)
             pending.difference_update(r.metadata.reply_to_message_id for r in got)
-            if not pending or (deadline is not None and time.monotonic() >= deadline):
+            if not pending or (enough and enough(replies)) or (deadline is not None and time.monotonic() >= deadline):
                 break
             time.sleep(self.poll if deadline is None else max(0.0, min(self.poll, deadline - time.monotonic())))
         return replies

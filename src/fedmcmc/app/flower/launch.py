@@ -84,7 +84,8 @@ def run_config_file(text: str, out: Path, resume: bool, engine: str) -> Path:
     ``config`` value (Flower flattens a run-config file into keys the app declares, with int, float,
     bool or str values, so the sections and lists of a ``fedmcmc run`` TOML cannot be flattened)."""
     path = out / "flower-run.toml"
-    path.write_text(f"config = {json.dumps(text, ensure_ascii=False)}\nout = {json.dumps(str(out), ensure_ascii=False)}\n"
+    path.write_text(f"config = {json.dumps(text, ensure_ascii=False)}\n"
+                    f"out = {json.dumps(str(out), ensure_ascii=False)}\n"
                     f"resume = {str(resume).lower()}\nengine = {json.dumps(engine)}\n")
     return path
 
@@ -111,7 +112,6 @@ class LocalDeployment:
 
     def __enter__(self):
         import shutil
-        import subprocess
         import sys
 
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -127,27 +127,39 @@ class LocalDeployment:
         (home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n[superlink.local]\n'
                                           f'address = "127.0.0.1:{self.port}"\n{connection}\n')
 
-        def start(args, log):
-            out = open(self.workdir / log, "w")
-            self.procs.append(subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+        self.node_args: dict[int, list] = {}
+        self.nodes: dict = {}
 
         auth = ["--enable-supernode-auth"] if self.auth_keys else []
         simulation = ["--simulation"] if self.simulation else []
-        start([self.bin("flower-superlink"), *security, *auth, *simulation, "--port", str(self.port),
-               "--disable-runtime-dependency-installation", "--database", str(self.workdir / "link.db")], "superlink.log")
+        self._start([self.bin("flower-superlink"), *security, *auth, *simulation, "--port", str(self.port),
+                     "--disable-runtime-dependency-installation", "--database", str(self.workdir / "link.db")],
+                    "superlink.log")
         self._wait_for_port(self.port)
         node_security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls[0])]
         if self.auth_keys:
             for _, public in self.auth_keys:
                 self.register(public)
         for i in range(0 if self.simulation else self.n):
-            cfg = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                           for k, v in {"partition-id": i, **self.node_config.get(i, {})}.items())
             key = ["--auth-supernode-private-key", str(self.auth_keys[i][0])] if self.auth_keys else []
-            start([self.bin("flower-supernode"), *node_security, *key, "--superlink", f"127.0.0.1:{self.port}",
-                   "--port", str(free_port()), "--node-config", cfg], f"supernode{i}.log")
+            self.node_args[i] = [self.bin("flower-supernode"), *node_security, *key, "--superlink",
+                                 f"127.0.0.1:{self.port}", "--port", str(free_port())]
+            self.nodes[i] = self._start(self.node_args[i] + self._node_config(i, self.node_config.get(i, {})),
+                                        f"supernode{i}.log")
         return self
+
+    @staticmethod
+    def _node_config(i: int, extra: dict) -> list[str]:
+        return ["--node-config", " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                                          for k, v in {"partition-id": i, **extra}.items())]
+
+    def _start(self, args, log: str, mode: str = "w"):
+        import subprocess
+
+        out = open(self.workdir / log, mode)
+        self.procs.append(subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+        return self.procs[-1]
 
     def _wait_for_port(self, port: int, timeout: float = 120.0) -> None:
         import socket
@@ -179,7 +191,8 @@ class LocalDeployment:
             time.sleep(1.0)
 
     def supernode(self, i: int):
-        return self.procs[1 + i]
+        """The latest process of SuperNode ``i``."""
+        return self.nodes[i]
 
     def run(self, cfg_path, out, resume: bool = False, timeout: float = 1800.0) -> dict:
         """Submit the app with ``flwr run`` and wait for ``out/results.json``."""
@@ -220,6 +233,29 @@ class LocalDeployment:
                 raise RuntimeError(f"the SuperLink stopped; see {self.workdir / 'superlink.log'}")
             time.sleep(0.2)
         return json.loads(result.read_text())
+
+    def restart_supernode(self, i: int, node_config: dict | None = None, keys=None) -> None:
+        """Start SuperNode ``i`` again: same partition, node config ``node_config`` (default: as
+        before). With SuperNode authentication the SuperLink knows a node by its key and reactivates
+        it under its node id only once it has marked it offline (two missed heartbeats, up to 60 s);
+        ``keys=(private, public)`` registers a new key pair instead, which gets a new node id at once."""
+        args = list(self.node_args[i])
+        if keys is not None:
+            self.register(keys[1])
+            args[args.index("--auth-supernode-private-key") + 1] = str(keys[0])
+        extra = self.node_config.get(i, {}) if node_config is None else node_config
+        self.nodes[i] = self._start(args + self._node_config(i, extra), f"supernode{i}.log", "a")
+
+    def kill_serverapp(self) -> None:
+        """Kill the running ServerApp process (a crashed server; the SuperLink and nodes stay)."""
+        import signal
+
+        for pid in _descendants(self.procs[0].pid):
+            try:
+                if "flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_text():
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
 
     def kill_supernode(self, i: int) -> None:
         """Kill SuperNode ``i`` and the processes it started (a crashed institution)."""
