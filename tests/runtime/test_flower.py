@@ -254,11 +254,15 @@ class InProcessGrid:
 
 @pytest.fixture
 def server_identity(monkeypatch):
-    """What Flower sets in a ServerApp process (messages are made with it)."""
+    """What Flower sets in a ServerApp process (messages are made with it); the JAX compilation
+    cache that the ClientApp sets for its node is put back afterwards."""
     from flwr.supercore.task_identity import TaskIdentity
 
     for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
         monkeypatch.setattr(TaskIdentity, name, value)
+    cache = jax.config.jax_compilation_cache_dir
+    yield
+    jax.config.update("jax_compilation_cache_dir", cache)
 
 
 def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wrap_the_client(tmp_path,
@@ -277,20 +281,16 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
         return reply
 
     text = QLSD_PP.replace("num_iterations = 6", "num_iterations = 4")
-    cache = jax.config.jax_compilation_cache_dir
-    try:
-        for limit, out in ((10_000, tmp_path / "big"), (8, tmp_path / "small")):
-            grid = InProcessGrid(make_client_app([reply_limit_mod(limit), spy]), 3, text, restart=(1, 100))
-            server = ServerRuntime(text, out, config.from_text)
-            transport = GridTransport(grid, server)
-            res = server.run(transport)
-            if limit == 10_000:
-                np.testing.assert_array_equal(res.samples, reference(text).samples)  # bit for bit
-                assert server.stats["missing_replies"] == 0 and 200 in transport.index  # node 0 rejoined
-            else:
-                assert server.stats["missing_replies"] > 0 and int(res.active.sum()) == 0  # none applied
-    finally:
-        jax.config.update("jax_compilation_cache_dir", cache)
+    for limit, out in ((10_000, tmp_path / "big"), (8, tmp_path / "small")):
+        grid = InProcessGrid(make_client_app([reply_limit_mod(limit), spy]), 3, text, restart=(1, 100))
+        server = ServerRuntime(text, out, config.from_text)
+        transport = GridTransport(grid, server)
+        res = server.run(transport)
+        if limit == 10_000:
+            np.testing.assert_array_equal(res.samples, reference(text).samples)  # bit for bit
+            assert server.stats["missing_replies"] == 0 and 200 in transport.index  # node 0 rejoined
+        else:
+            assert server.stats["missing_replies"] > 0 and int(res.active.sum()) == 0  # none applied
     train = [arrays for kind, arrays in seen if kind == "train"]
     assert train and all(arrays and all(dt == "uint8" for dt in arrays.values()) for arrays in train)
 

@@ -173,6 +173,10 @@ client_app = make_client_app()
 # --------------------------------------------------------------------------------------
 
 
+def _index(hello) -> int:
+    return int(hello["index"]) if isinstance(hello, dict) else -1
+
+
 class GridTransport:
     """Client indices to SuperNodes over a Flower ``Grid``.
 
@@ -185,6 +189,8 @@ class GridTransport:
     def __init__(self, grid: Grid, runtime: ServerRuntime, wait: float = 300.0):
         self.grid, self.runtime, self.shapes, self.refused = grid, runtime, None, set()
         self.poll = float(runtime.flower["poll_interval"])
+        if not 0 < self.poll <= 10:
+            raise ValueError(f"[flower] poll_interval must be in (0, 10] seconds (got {self.poll}); the default is 0.1")
         deadline = time.monotonic() + wait
         while len(nodes := list(grid.get_node_ids())) < runtime.b:
             if time.monotonic() > deadline:
@@ -196,7 +202,7 @@ class GridTransport:
             answered = {int(from_content(r.content)["index"]) for r in replies if not r.has_error()}
             return answered >= set(range(runtime.b))
 
-        for n, h in self._hello(nodes, every_partition):
+        for n, h in sorted(self._hello(nodes, every_partition), key=lambda r: (isinstance(r[1], dict), _index(r[1]))):
             if isinstance(h, str):
                 raise RuntimeError(h)
             i = self._check(n, h)

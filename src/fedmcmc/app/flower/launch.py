@@ -24,8 +24,9 @@ from pathlib import Path
 ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 #: The SuperNode's process launcher (``flower-superexec``, started by each SuperNode with the
 #: SuperNode's environment) looks for a new message every second by default; a SuperNode of a
-#: local deployment looks every 0.05 s (Flower's public setting; docs/flower.md, "Latency").
-NODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05"}
+#: local deployment looks every 0.25 s (Flower's public setting; each look is a request to the
+#: SuperNode, so a shorter one costs CPU on a busy machine; docs/flower.md, "Latency").
+NODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}
 APP_DIR = Path(__file__).parent / "flwr_app"
 
 
