@@ -1,7 +1,8 @@
 """The deployment engine, for real: a SuperLink and SuperNodes on 127.0.0.1 with TLS and
 SuperNode authentication (certificates and keys generated here), one deployment serving
-several checks: same samples as the simulator for QLSD++ and FA-HMC, an unauthenticated
-node kept out, a SuperNode killed mid-run and a malformed reply (docs/flower.md)."""
+several checks: same samples as the simulator for QLSD++ (its ServerApp killed and the run
+resumed) and FA-HMC, an unauthenticated node kept out, a SuperNode killed and restarted mid-run
+(it rejoins under its partition) and a malformed reply (docs/flower.md)."""
 
 from __future__ import annotations
 
@@ -97,31 +98,45 @@ def test_deployment_with_tls_and_auth_same_samples_faults(deployment, tmp_path):
         text = short(text, 2, "round_timeout = 600")
         path = tmp_path / f"{name}.toml"
         path.write_text(text)
-        payload = dep.run(path, tmp_path / name, timeout=900)
+        if name == "qlsdpp":  # the ServerApp is killed after round 0, and the run resumed
+            result = dep.submit(path, tmp_path / name)
+            _wait_for(tmp_path / name / "chunks" / "chunk_000000.npz")
+            dep.kill_serverapp()
+            assert not result.exists()
+        payload = dep.run(path, tmp_path / name, resume=name == "qlsdpp", timeout=900)
         ref = reference(text)
         chunks = sorted((tmp_path / name / "chunks").glob("chunk_*.npz"))
         samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
         np.testing.assert_array_equal(samples, ref.samples)  # bit for bit, TLS + auth on
         assert payload["flower"]["engine"] == "deployment" and payload["flower"]["missing_replies"] == 0
-    # faults (full participation): node 0 is killed after round 0, node 2 sends garbage in
-    # round 2; the run goes on without them
-    text = short(QLSD_PP, 3, "round_timeout = 30").replace("seed = 3", "seed = 4").replace(
+        assert payload["flower"]["rounds_this_session"] == (1 if name == "qlsdpp" else 2)
+    # faults (full participation): node 0 is killed after round 0 and restarted at once with a new
+    # key (a new node id; it fails rounds 1 and 2 if they reach it, and rejoins for round 3), node 2
+    # sends garbage in round 2; the run goes on without them
+    text = short(QLSD_PP, 4, "round_timeout = 30").replace("seed = 3", "seed = 4").replace(
         'participation = { p = 0.7, scaling = "inverse_probability" }', "")
     path = tmp_path / "faults.toml"
     path.write_text(text)
     result = dep.submit(path, tmp_path / "faults")
-    deadline = time.monotonic() + 600
-    while not (tmp_path / "faults" / "nodes" / "client0" / "round0.npz").exists():
-        assert time.monotonic() < deadline, "round 0 never completed"
-        time.sleep(0.5)
+    _wait_for(tmp_path / "faults" / "nodes" / "client0" / "round0.npz")
     dep.kill_supernode(0)
+    (tmp_path / "new").mkdir()
+    dep.restart_supernode(0, {"fault": "fail@1,2"}, keys=make_node_keys(tmp_path / "new", 1)[0])
     payload = dep.wait(result, timeout=900)
     flower = payload["flower"]
     assert flower["missing_replies"] >= 2  # client 0 in rounds 1 and 2 (and 0 if killed before replying)
     assert flower["rejected_uploads"] == 1  # client 2's garbage in round 2
+    assert (tmp_path / "faults" / "nodes" / "client0" / "round3.npz").exists()  # node 0 rejoined
     samples = np.concatenate([np.load(c)["positions"] for c in sorted((tmp_path / "faults" / "chunks").glob("chunk_*"))],
                              axis=1)
-    assert samples.shape == (2, 3, 5) and np.all(np.isfinite(samples))
-    assert payload["mean_active_clients"] <= 2.0  # 9 participations minus at least 2 lost and 1 rejected
+    assert samples.shape == (2, 4, 5) and np.all(np.isfinite(samples))
+    assert payload["mean_active_clients"] <= 9 / 4  # 12 participations minus at least 2 lost and 1 rejected
     log = (tmp_path / "intruder.log").read_text()
     assert "SuperNode ID" not in log and "Connection attempt failed" in log  # refused by the SuperLink
+
+
+def _wait_for(path, timeout=600):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)

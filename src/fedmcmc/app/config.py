@@ -56,7 +56,7 @@ from fedmcmc.core.checks import check_schedule
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"}
 #: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
-_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact"}}
+_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact", "poll_interval"}}
 
 
 class ConfigError(ValueError):

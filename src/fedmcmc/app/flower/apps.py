@@ -1,15 +1,20 @@
 """The Flower ``ServerApp`` and ``ClientApp`` of fedmcmc (Message API, flwr 1.41).
 
-* ``server_app``: a plain ``@app.main()`` loop; it reads ``config-path`` (the run's TOML),
-  ``out`` (output folder) and ``resume`` from the run config, discovers which SuperNode holds
-  which client (a ``hello`` message answered with the node's ``partition-id``) and runs
-  :class:`~fedmcmc.runtime.flower.server.ServerRuntime` over ``grid.send_and_receive``.
-* ``client_app``: one ``query`` handler that runs :class:`~fedmcmc.runtime.flower.client.ClientRuntime`
-  for the node's partition (``--node-config "partition-id=i"``), keeping the client state in
-  ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it.
+* ``server_app``: a plain ``@app.main()`` loop; it reads ``config`` (the run's TOML text, which
+  travels in Flower's run config), ``out`` (output folder) and ``resume`` from the run config,
+  discovers which SuperNode holds which client (a ``hello`` message answered with the node's
+  ``partition-id``, client count and data shapes, checked by :class:`GridTransport`, which also
+  lets a restarted SuperNode rejoin under its partition) and runs
+  :class:`~fedmcmc.runtime.flower.server.ServerRuntime` over its own push/pull loop
+  (:meth:`GridTransport.send_and_receive`, polling every ``poll_interval`` seconds).
+* ``client_app`` (:func:`make_client_app`, optionally wrapped in Flower mods): one handler for
+  ``train`` (rounds) and ``query`` (hello, init, setup) messages that runs
+  :class:`~fedmcmc.runtime.flower.client.ClientRuntime` for the node's partition
+  (``--node-config "partition-id=i"``) and the run config's ``config``, keeping the client state
+  in ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it.
 
-Every message is one ``ConfigRecord`` named ``fedmcmc``: bytes stay bytes (the uploads'
-wire encodings, ``.npz`` arrays), other values are JSON strings.
+A message is an ``ArrayRecord`` (broadcasts and masks as arrays, the uploads' wire encodings as
+``uint8`` arrays) and a ``ConfigRecord`` of JSON strings (:func:`to_content`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from pathlib import Path
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
+import numpy as np  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
@@ -31,33 +37,81 @@ from fedmcmc.app import config as config_lib  # noqa: E402
 from fedmcmc.runtime.flower.client import ClientRuntime, config_hash  # noqa: E402
 from fedmcmc.runtime.flower.server import ServerRuntime, log  # noqa: E402
 
-RECORD = "fedmcmc"
+META, ARRAYS = "fedmcmc", "fedmcmc-arrays"
+#: Round messages are Flower ``train`` messages (so Flower's mods that act on training see them);
+#: the other exchanges (hello, init, setup) are ``query`` messages.
+TRAIN_KINDS = {"round"}
 
 
-def to_record(message: dict) -> ConfigRecord:
-    return ConfigRecord({k: v if isinstance(v, bytes) else "json:" + json.dumps(v) for k, v in message.items()})
+def to_content(message: dict) -> RecordDict:
+    """A runtime message as Flower records: arrays (lists of NumPy arrays: broadcasts, masks) in an
+    ``ArrayRecord``, one ``Array`` each, and every ``bytes`` value (the uploads' wire encodings)
+    in one ``uint8`` array ``wire`` (few arrays: each is a separate object on every hop); the rest
+    as JSON strings in a ``ConfigRecord``, with the layout of the arrays."""
+    arrays, config, layout, blobs = {}, {}, {}, []
+    for name, value in message.items():
+        if isinstance(value, bytes):
+            blobs.append((name, value))
+        elif isinstance(value, list) and value and all(isinstance(v, np.ndarray) for v in value):
+            arrays.update({f"{name}/{j}": Array(np.ascontiguousarray(v)) for j, v in enumerate(value)})
+            layout[name] = len(value)
+        else:
+            config[name] = json.dumps(value)
+    if blobs:
+        arrays["wire"] = Array(np.frombuffer(b"".join(v for _, v in blobs), np.uint8))
+    config["arrays"] = json.dumps(layout)
+    config["wire"] = json.dumps([[name, len(v)] for name, v in blobs])
+    return RecordDict({META: ConfigRecord(config), ARRAYS: ArrayRecord(arrays)})
 
 
-def from_record(record) -> dict:
-    return {k: json.loads(v[5:]) if isinstance(v, str) and v.startswith("json:") else v for k, v in record.items()}
+def from_content(content: RecordDict) -> dict:
+    """Inverse of :func:`to_content`."""
+    config, arrays = content[META], content[ARRAYS]
+    out = {k: json.loads(v) for k, v in config.items() if k not in ("arrays", "wire")}
+    for name, n in json.loads(config["arrays"]).items():
+        out[name] = [arrays[f"{name}/{j}"].numpy() for j in range(n)]
+    blobs, start = json.loads(config["wire"]), 0
+    wire = arrays["wire"].numpy().tobytes() if blobs else b""
+    for name, length in blobs:
+        out[name], start = wire[start:start + int(length)], start + int(length)
+    return out
+
+
+def message_type(kind: str) -> str:
+    return MessageType.TRAIN if kind in TRAIN_KINDS else MessageType.QUERY
+
+
+def reply_limit_mod(max_bytes: int):
+    """A Flower mod (``ClientApp(mods=[...])``) refusing to send a reply whose arrays exceed
+    ``max_bytes`` bytes: the reply becomes an error, and the server treats that client as
+    inactive for the round (its state stays committed, as for any refused upload)."""
+
+    def mod(msg: Message, context: Context, call_next) -> Message:
+        reply = call_next(msg, context)
+        size = sum(r.count_bytes() for r in reply.content.array_records.values()) if reply.has_content() else 0
+        if size > max_bytes:
+            return Message(Error(code=0, reason=f"reply of {size} bytes of arrays exceeds the limit of {max_bytes}"),
+                           reply_to=msg)
+        return reply
+
+    return mod
 
 
 # --------------------------------------------------------------------------------------
 # ClientApp
 # --------------------------------------------------------------------------------------
 
-client_app = ClientApp()
 _RUNTIMES: dict[tuple, ClientRuntime] = {}
 
 
 def _faults(node_config) -> dict:
-    """Test hook: node config ``fault="KIND@ROUND"`` (``malformed``: undecodable bytes, ``fail``: an exception) makes
-    this node misbehave in that round."""
+    """Test hook: node config ``fault="KIND@ROUND[,ROUND...]"`` (``malformed``: undecodable bytes,
+    ``fail``: an exception) makes this node misbehave in those rounds."""
     spec = str(node_config.get("fault", ""))
     if "@" not in spec:
         return {}
-    kind, _, k = spec.partition("@")
-    return {int(k): kind}
+    kind, _, rounds = spec.partition("@")
+    return {int(k): kind for k in rounds.split(",")}
 
 
 def _compilation_cache(state_dir) -> None:
@@ -72,18 +126,29 @@ def _compilation_cache(state_dir) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-@client_app.query()
-def query(msg: Message, context: Context) -> Message:
-    m = from_record(msg.content[RECORD])
+def make_client_app(mods=()) -> ClientApp:
+    """Our ClientApp, wrapped in Flower ``mods`` (e.g. :func:`reply_limit_mod`, Flower's
+    ``message_size_mod``): name a module-level ``make_client_app([...])`` as the app's
+    ``clientapp`` component to use them."""
+    app = ClientApp(mods=list(mods))
+    app.train()(handle)
+    app.query()(handle)
+    return app
+
+
+def handle(msg: Message, context: Context) -> Message:
+    """Answer one server message with the node's :class:`ClientRuntime`."""
+    m = from_content(msg.content)
     if context.node_config.get("state-dir"):
         m["state_dir"] = str(context.node_config["state-dir"])
     _compilation_cache(m.get("state_dir"))
     index = int(context.node_config.get("partition-id", -1))
-    key = (config_hash(m["config"]), index)
+    text = str(context.run_config["config"])  # the run's config travels with the run, read once per run
+    key = (config_hash(text), index)
     if key not in _RUNTIMES:
-        _RUNTIMES[key] = ClientRuntime(m["config"], index, config_lib.from_text)
+        _RUNTIMES[key] = ClientRuntime(text, index, config_lib.from_text)
     runtime = _RUNTIMES[key]
-    store = dict(context.state[RECORD]) if RECORD in context.state else {}
+    store = dict(context.state[META]) if META in context.state else {}
     if store.get("config") not in (None, key[0]):
         store = {}  # a new run with another config on this node
     fault = _faults(context.node_config).get(m.get("k")) if m["kind"] == "round" else None
@@ -91,13 +156,16 @@ def query(msg: Message, context: Context) -> Message:
         raise RuntimeError(f"client {index}: injected failure in round {m['k']}")
     reply = runtime.handle(m, store)
     store["config"] = key[0]
-    context.state[RECORD] = ConfigRecord(store)
+    context.state[META] = ConfigRecord(store)
     if fault == "malformed":  # undecodable bytes in place of the first array
         for name in reply:
             if name.startswith("blob/"):
                 reply[name] = b"\xff\x00garbage"
                 break
-    return Message(RecordDict({RECORD: to_record(reply)}), reply_to=msg)
+    return Message(to_content(reply), reply_to=msg)
+
+
+client_app = make_client_app()
 
 
 # --------------------------------------------------------------------------------------
@@ -105,11 +173,24 @@ def query(msg: Message, context: Context) -> Message:
 # --------------------------------------------------------------------------------------
 
 
+def _index(hello) -> int:
+    return int(hello["index"]) if isinstance(hello, dict) else -1
+
+
 class GridTransport:
-    """Client indices to SuperNodes over a Flower ``Grid``."""
+    """Client indices to SuperNodes over a Flower ``Grid``.
+
+    Before round 1 every node answers a ``hello`` (its ``partition-id``, client count and data
+    shapes); a node that fails, a partition claimed twice or missing, another client count, or
+    data shapes unlike the other nodes' stop the run with a message naming the SuperNode. Before
+    each round, a SuperNode that joined since (a restarted node has a new node id) is greeted the
+    same way and takes over its partition: it rejoins the run from its own saved state."""
 
     def __init__(self, grid: Grid, runtime: ServerRuntime, wait: float = 300.0):
-        self.grid = grid
+        self.grid, self.runtime, self.shapes, self.refused = grid, runtime, None, set()
+        self.poll = float(runtime.flower["poll_interval"])
+        if not 0 < self.poll <= 10:
+            raise ValueError(f"[flower] poll_interval must be in (0, 10] seconds (got {self.poll}); the default is 0.1")
         deadline = time.monotonic() + wait
         while len(nodes := list(grid.get_node_ids())) < runtime.b:
             if time.monotonic() > deadline:
@@ -117,27 +198,85 @@ class GridTransport:
                                    f"{runtime.b} clients; start one SuperNode per client")
             time.sleep(0.2)
         self.node: dict[int, int] = {}
-        hello = runtime._message("hello")
-        replies = grid.send_and_receive(
-            [Message(RecordDict({RECORD: to_record(hello)}), dst_node_id=int(n), message_type="query") for n in nodes],
-            timeout=runtime.flower["round_timeout"])
-        for r in replies:
-            if r.has_error():
-                raise RuntimeError(f"SuperNode {r.metadata.src_node_id} failed to start its client: {r.error.reason}")
-            i = int(from_record(r.content[RECORD])["index"])
+        def every_partition(replies):  # Flower lists a dead node for up to a minute: do not wait for it
+            answered = {int(from_content(r.content)["index"]) for r in replies if not r.has_error()}
+            return answered >= set(range(runtime.b))
+
+        for n, h in sorted(self._hello(nodes, every_partition), key=lambda r: (isinstance(r[1], dict), _index(r[1]))):
+            if isinstance(h, str):
+                raise RuntimeError(h)
+            i = self._check(n, h)
             if i in self.node:
                 raise RuntimeError(f"two SuperNodes claim partition-id {i}; give each node its own partition-id")
-            self.node[i] = int(r.metadata.src_node_id)
+            self.node[i] = n
         missing = sorted(set(range(runtime.b)) - set(self.node))
         if missing:
             raise RuntimeError(f"no SuperNode answered for client(s) {missing}")
         self.index = {n: i for i, n in self.node.items()}
 
+    def _hello(self, nodes, enough=None) -> list[tuple[int, dict | str]]:
+        """(node id, hello reply, or why the node failed) for each node that answered (all of
+        them, or until ``enough(replies)``)."""
+        sent = [Message(to_content(self.runtime._message("hello")), dst_node_id=int(n),
+                        message_type=MessageType.QUERY) for n in nodes]
+        return [(int(r.metadata.src_node_id),
+                 f"SuperNode {r.metadata.src_node_id} failed to start its client: {r.error.reason}"
+                 if r.has_error() else from_content(r.content))
+                for r in self.send_and_receive(sent, self.runtime.flower["round_timeout"], enough)]
+
+    def _check(self, n: int, h: dict) -> int:
+        """The partition of node ``n`` from its hello ``h``, checked against the run and the other nodes."""
+        i, name = int(h["index"]), f"SuperNode {n} (partition-id {h['index']})"
+        if int(h["num_clients"]) != self.runtime.b:
+            raise RuntimeError(f"{name} has {h['num_clients']} clients in its run config, the server "
+                               f"{self.runtime.b}; every node needs the run's config")
+        self.shapes = self.shapes or (name, h["shapes"])
+        if h["shapes"] != self.shapes[1]:
+            raise RuntimeError(f"{name} holds data of shapes {h['shapes']} per point, {self.shapes[0]} "
+                               f"{self.shapes[1]}; every node's data needs the same features")
+        return i
+
+    def _rejoin(self) -> None:
+        """Greet SuperNodes that joined since the last round; each takes over its partition."""
+        new = set(map(int, self.grid.get_node_ids())) - set(self.index) - self.refused
+        if not new:
+            return
+        self.refused |= new  # greeted once: a node that does not answer is not asked again
+        for n, h in self._hello(sorted(new)):
+            try:
+                if isinstance(h, str):
+                    raise RuntimeError(h)
+                i = self._check(n, h)
+            except RuntimeError as err:
+                log.warning("ignoring a new SuperNode: %s", err)
+                continue
+            self.index.pop(self.node.get(i), None)
+            self.node[i], self.index[n] = n, i
+            log.warning("SuperNode %d joined as partition-id %d; it continues from its saved state", n, i)
+
+    def send_and_receive(self, messages: list[Message], timeout: float | None, enough=None) -> list[Message]:
+        """Flower's ``Grid.send_and_receive`` with our poll interval: push, then pull every
+        ``poll_interval`` seconds (Flower's own checks every 3 s) until every reply is in,
+        ``enough(replies)``, or ``timeout`` seconds have passed (the missing clients are then inactive)."""
+        pending = set(self.grid.push_messages(messages))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while pending:
+            got = list(self.grid.pull_messages(pending))
+            replies.extend(got)
+            pending.difference_update(r.metadata.reply_to_message_id for r in got)
+            if not pending or (enough and enough(replies)) or (deadline is not None and time.monotonic() >= deadline):
+                break
+            time.sleep(self.poll if deadline is None else max(0.0, min(self.poll, deadline - time.monotonic())))
+        return replies
+
     def exchange(self, messages: dict[int, dict], timeout: float | None) -> dict[int, dict | None]:
+        if any(m["kind"] == "round" for m in messages.values()):
+            self._rejoin()
         out: dict[int, dict | None] = {i: None for i in messages}
-        sent = [Message(RecordDict({RECORD: to_record(m)}), dst_node_id=self.node[i], message_type="query")
+        sent = [Message(to_content(m), dst_node_id=self.node[i], message_type=message_type(m["kind"]))
                 for i, m in messages.items()]
-        for r in self.grid.send_and_receive(sent, timeout=timeout):
+        for r in self.send_and_receive(sent, timeout):
             i = self.index.get(int(r.metadata.src_node_id))
             if i is None or i not in messages:
                 continue
@@ -145,7 +284,7 @@ class GridTransport:
                 log.warning("client %d replied with an error: %s", i, r.error.reason)
                 continue
             try:
-                out[i] = from_record(r.content[RECORD])
+                out[i] = from_content(r.content)
             except Exception as err:  # noqa: BLE001 - malformed reply: client inactive
                 log.warning("client %d sent an unreadable reply: %s", i, err)
         return out
@@ -160,7 +299,8 @@ def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str) -> dic
     seconds = runtime.stats["round_seconds"]
     stats = {k: v for k, v in runtime.stats.items() if k != "round_seconds"}
     stats.update(engine=engine, rounds_this_session=len(seconds),
-                 median_round_seconds=float(sorted(seconds)[len(seconds) // 2]) if seconds else None)
+                 median_round_seconds=float(sorted(seconds)[len(seconds) // 2]) if seconds else None,
+                 max_round_seconds=float(max(seconds)) if seconds else None)
     return config_lib.report(runtime.cfg, runtime.built, res, Path(out), started, flower=stats)
 
 
@@ -172,27 +312,12 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     out = Path(str(rc["out"]))
     try:
-        text = Path(str(rc["config-path"])).read_text()
-        run_server(grid, text, str(out), bool(rc.get("resume", False)), str(rc.get("engine", "deployment")))
+        run_server(grid, str(rc["config"]), str(out), bool(rc.get("resume", False)), str(rc.get("engine", "deployment")))
+        (out / "flower-done.txt").write_text("done\n")  # every output written, for the launchers
     except BaseException as err:
         out.mkdir(parents=True, exist_ok=True)
         (out / "flower-error.txt").write_text(f"{type(err).__name__}: {err}\n")  # for `fedmcmc flower deploy`
         raise
-
-
-def make_server_app(runs: list[tuple[str, str]], resume: bool = False, engine: str = "simulation") -> ServerApp:
-    """A ServerApp bound to runs ``[(config text, out folder), ...]`` done one after the other
-    on the same nodes (for :func:`flwr.simulation.run_simulation`); ``app.results`` holds
-    their ``results.json`` payloads."""
-    app = ServerApp()
-    app.results = []
-
-    @app.main()
-    def _main(grid: Grid, context: Context) -> None:
-        for cfg_text, out in runs:
-            app.results.append(run_server(grid, cfg_text, out, resume, engine))
-
-    return app
 
 
 logging.getLogger("fedmcmc.runtime.flower").setLevel(logging.INFO)

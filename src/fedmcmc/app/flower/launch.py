@@ -1,23 +1,32 @@
 """``fedmcmc flower sim|deploy``: run a config on Flower's simulation or deployment engine.
 
-* :func:`run_sim` runs the ServerApp in this process and the ClientApps on Flower's
-  simulation engine (Ray actors), one virtual SuperNode per client.
+* :func:`run_sim` starts a local SuperLink with Flower's simulation engine (``--simulation``:
+  ClientApps as Ray actors, one virtual SuperNode per client) and submits the app with ``flwr run``
+  (Flower's supported path; ``flwr.simulation.run_simulation`` is deprecated).
 * :func:`run_deploy` starts a local deployment on 127.0.0.1 -- a SuperLink and one SuperNode
   per client (``--node-config "partition-id=i"``), with free ports chosen at run time --
-  submits the app folder shipped with the package with ``flwr run``, waits for the output
-  folder and stops every process it started.
+  submits the app folder shipped with the package with ``flwr run``.
 
-Both write the output folder of ``fedmcmc run`` (``results.json``, ``posterior.nc``,
+Both wait for the output folder and stop every process they started. The run's config travels
+in Flower's run config (:func:`run_config_file`); no node reads it from the server's disk.
+
+The output folder is that of ``fedmcmc run`` (``results.json``, ``posterior.nc``,
 ``chunks/``) and resume with ``resume=True``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
 
 ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+#: The SuperNode's process launcher (``flower-superexec``, started by each SuperNode with the
+#: SuperNode's environment) looks for a new message every second by default; a SuperNode of a
+#: local deployment looks every 0.25 s (Flower's public setting; each look is a request to the
+#: SuperNode, so a shorter one costs CPU on a busy machine; docs/flower.md, "Latency").
+NODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}
 APP_DIR = Path(__file__).parent / "flwr_app"
 
 
@@ -60,30 +69,26 @@ def num_clients(text: str) -> int:
 
 
 def run_sim(config_path, out, clients: int | None = None, resume: bool = False) -> dict:
-    """Run on Flower's simulation engine; returns the ``results.json`` payload."""
-    return run_sim_many([(prepare_config(config_path, clients), out)], resume=resume)[0]
+    """Run on Flower's simulation engine (``flwr run`` on a local SuperLink started with
+    ``--simulation``, one virtual SuperNode per client); returns the ``results.json`` payload."""
+    text = prepare_config(config_path, clients)
+    out = Path(out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "run.toml"
+    cfg_path.write_text(text)
+    with LocalDeployment(num_clients(text), out / "simulation", simulation=True) as dep:
+        return dep.run(cfg_path, out, resume=resume)
 
 
-def run_sim_many(runs: list[tuple[str, str]], resume: bool = False) -> list[dict]:
-    """Runs ``[(config text, out), ...]`` (same number of clients) in one simulation engine."""
-    os.environ.update(ENV)
-    from flwr.simulation import run_simulation
-
-    from fedmcmc.app.flower.apps import client_app, make_server_app
-
-    sizes = {num_clients(text) for text, _ in runs}
-    if len(sizes) != 1:
-        raise ValueError(f"runs in one simulation need the same number of clients (got {sorted(sizes)})")
-    for _, out in runs:
-        Path(out).mkdir(parents=True, exist_ok=True)
-    app = make_server_app([(text, str(out)) for text, out in runs], resume=resume, engine="simulation")
-    run_simulation(app, client_app, num_supernodes=sizes.pop(),
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 1, "include_dashboard": False,
-                                                 "log_to_driver": False}})
-    if len(app.results) != len(runs):
-        raise RuntimeError("the Flower simulation ended before its runs finished; see the log above")
-    return app.results
+def run_config_file(text: str, out: Path, resume: bool, engine: str) -> Path:
+    """The file given to ``flwr run --run-config``: the run's TOML travels whole, as the run config's
+    ``config`` value (Flower flattens a run-config file into keys the app declares, with int, float,
+    bool or str values, so the sections and lists of a ``fedmcmc run`` TOML cannot be flattened)."""
+    path = out / "flower-run.toml"
+    path.write_text(f"config = {json.dumps(text, ensure_ascii=False)}\n"
+                    f"out = {json.dumps(str(out), ensure_ascii=False)}\n"
+                    f"resume = {str(resume).lower()}\nengine = {json.dumps(engine)}\n")
+    return path
 
 
 def free_port() -> int:
@@ -96,24 +101,25 @@ def free_port() -> int:
 
 class LocalDeployment:
     """A SuperLink and ``n`` SuperNodes on 127.0.0.1 (context manager; every process it
-    started is stopped on exit). ``tls=(ca, cert, key)`` paths switch TLS on."""
+    started is stopped on exit). ``tls=(ca, cert, key)`` paths switch TLS on. With
+    ``simulation=True`` the SuperLink runs Flower's simulation engine with ``n`` virtual
+    SuperNodes instead (no SuperNode processes)."""
 
-    def __init__(self, n: int, workdir, tls=None, node_config=None, auth_keys=None):
-        self.n, self.workdir, self.tls = n, Path(workdir), tls
+    def __init__(self, n: int, workdir, tls=None, node_config=None, auth_keys=None, simulation: bool = False):
+        self.n, self.workdir, self.tls, self.simulation = n, Path(workdir), tls, simulation
         self.node_config = node_config or {}
         self.auth_keys = auth_keys  # [(private key path, public key path)] per node, or None
         self.procs: list = []
 
     def __enter__(self):
         import shutil
-        import subprocess
         import sys
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         home = self.workdir / "flwr-home"
         home.mkdir(exist_ok=True)
         bindir = str(Path(sys.executable).parent)
-        self.env = {**os.environ, **ENV, "FLWR_HOME": str(home), "PATH": bindir + os.pathsep + os.environ["PATH"]}
+        self.env = {**os.environ, **ENV, **NODE_ENV, "FLWR_HOME": str(home), "PATH": bindir + os.pathsep + os.environ["PATH"]}
         self.bin = lambda name: shutil.which(name, path=self.env["PATH"]) or name  # noqa: E731
         self.port = free_port()
         security = ["--insecure"] if self.tls is None else [
@@ -122,26 +128,39 @@ class LocalDeployment:
         (home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n[superlink.local]\n'
                                           f'address = "127.0.0.1:{self.port}"\n{connection}\n')
 
-        def start(args, log):
-            out = open(self.workdir / log, "w")
-            self.procs.append(subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+        self.node_args: dict[int, list] = {}
+        self.nodes: dict = {}
 
         auth = ["--enable-supernode-auth"] if self.auth_keys else []
-        start([self.bin("flower-superlink"), *security, *auth, "--port", str(self.port),
-               "--disable-runtime-dependency-installation", "--database", str(self.workdir / "link.db")], "superlink.log")
+        simulation = ["--simulation"] if self.simulation else []
+        self._start([self.bin("flower-superlink"), *security, *auth, *simulation, "--port", str(self.port),
+                     "--disable-runtime-dependency-installation", "--database", str(self.workdir / "link.db")],
+                    "superlink.log")
         self._wait_for_port(self.port)
         node_security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls[0])]
         if self.auth_keys:
             for _, public in self.auth_keys:
                 self.register(public)
-        for i in range(self.n):
-            cfg = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                           for k, v in {"partition-id": i, **self.node_config.get(i, {})}.items())
+        for i in range(0 if self.simulation else self.n):
             key = ["--auth-supernode-private-key", str(self.auth_keys[i][0])] if self.auth_keys else []
-            start([self.bin("flower-supernode"), *node_security, *key, "--superlink", f"127.0.0.1:{self.port}",
-                   "--port", str(free_port()), "--node-config", cfg], f"supernode{i}.log")
+            self.node_args[i] = [self.bin("flower-supernode"), *node_security, *key, "--superlink",
+                                 f"127.0.0.1:{self.port}", "--port", str(free_port())]
+            self.nodes[i] = self._start(self.node_args[i] + self._node_config(i, self.node_config.get(i, {})),
+                                        f"supernode{i}.log")
         return self
+
+    @staticmethod
+    def _node_config(i: int, extra: dict) -> list[str]:
+        return ["--node-config", " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                                          for k, v in {"partition-id": i, **extra}.items())]
+
+    def _start(self, args, log: str, mode: str = "w"):
+        import subprocess
+
+        out = open(self.workdir / log, mode)
+        self.procs.append(subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+        return self.procs[-1]
 
     def _wait_for_port(self, port: int, timeout: float = 120.0) -> None:
         import socket
@@ -173,44 +192,71 @@ class LocalDeployment:
             time.sleep(1.0)
 
     def supernode(self, i: int):
-        return self.procs[1 + i]
+        """The latest process of SuperNode ``i``."""
+        return self.nodes[i]
 
     def run(self, cfg_path, out, resume: bool = False, timeout: float = 1800.0) -> dict:
         """Submit the app with ``flwr run`` and wait for ``out/results.json``."""
         return self.wait(self.submit(cfg_path, out, resume), timeout)
 
     def submit(self, cfg_path, out, resume: bool = False) -> Path:
+        """Submit the run of the config file ``cfg_path`` (its text travels in the run config)."""
         import subprocess
 
         out = Path(out).absolute()
         out.mkdir(parents=True, exist_ok=True)
         result = out / "results.json"
-        for old in (result, out / "flower-error.txt"):
+        for old in (result, out / "flower-error.txt", out / "flower-done.txt"):
             if old.exists():
                 old.unlink()
-        run_config = f"config-path='{Path(cfg_path).absolute()}' out='{out}' resume={str(resume).lower()}"
-        done = subprocess.run([self.bin("flwr"), "run", str(APP_DIR), "local", "--run-config", run_config],
-                              env=self.env, capture_output=True, text=True, timeout=120)
+        engine = "simulation" if self.simulation else "deployment"
+        run_config = run_config_file(Path(cfg_path).read_text(), out, resume, engine)
+        federation = ["--federation-config", f"num-supernodes={self.n} client-resources-num-cpus=1 "
+                      "init-args-num-cpus=1 init-args-log-to-driver=false"] if self.simulation else []
+        done = subprocess.run([self.bin("flwr"), "run", str(APP_DIR), "local", "--run-config", str(run_config),
+                               *federation], env=self.env, capture_output=True, text=True, timeout=120)
         if done.returncode:
             raise RuntimeError(f"flwr run failed: {done.stdout[-2000:]} {done.stderr[-2000:]}")
         return result
 
     def wait(self, result: Path, timeout: float = 1800.0) -> dict:
-        import json
+        """Wait for the ServerApp to finish the run (``flower-done.txt``); its ``results.json``."""
         import time
 
         deadline = time.monotonic() + timeout
-        error = result.with_name("flower-error.txt")
-        while not result.exists():
+        error, done = result.with_name("flower-error.txt"), result.with_name("flower-done.txt")
+        while not done.exists():
             if error.exists():
                 raise RuntimeError(f"the ServerApp failed: {error.read_text().strip()}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no {result} after {timeout:.0f} s; see the logs in {self.workdir}")
+                raise TimeoutError(f"the run did not finish in {timeout:.0f} s; see the logs in {self.workdir}")
             if self.procs[0].poll() is not None:
                 raise RuntimeError(f"the SuperLink stopped; see {self.workdir / 'superlink.log'}")
-            time.sleep(1.0)
-        time.sleep(0.5)
+            time.sleep(0.2)
         return json.loads(result.read_text())
+
+    def restart_supernode(self, i: int, node_config: dict | None = None, keys=None) -> None:
+        """Start SuperNode ``i`` again: same partition, node config ``node_config`` (default: as
+        before). With SuperNode authentication the SuperLink knows a node by its key and reactivates
+        it under its node id only once it has marked it offline (two missed heartbeats, up to 60 s);
+        ``keys=(private, public)`` registers a new key pair instead, which gets a new node id at once."""
+        args = list(self.node_args[i])
+        if keys is not None:
+            self.register(keys[1])
+            args[args.index("--auth-supernode-private-key") + 1] = str(keys[0])
+        extra = self.node_config.get(i, {}) if node_config is None else node_config
+        self.nodes[i] = self._start(args + self._node_config(i, extra), f"supernode{i}.log", "a")
+
+    def kill_serverapp(self) -> None:
+        """Kill the running ServerApp process (a crashed server; the SuperLink and nodes stay)."""
+        import signal
+
+        for pid in _descendants(self.procs[0].pid):
+            try:
+                if "flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_text():
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
 
     def kill_supernode(self, i: int) -> None:
         """Kill SuperNode ``i`` and the processes it started (a crashed institution)."""

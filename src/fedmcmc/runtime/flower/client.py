@@ -24,7 +24,7 @@ import numpy as np
 
 from fedmcmc.core import xla
 from fedmcmc.runtime import round as rnd
-from fedmcmc.runtime.flower.wire import encode_upload, items, pack, unpack
+from fedmcmc.runtime.flower.wire import encode_upload, from_leaves, items, leaves, pack, unpack
 from fedmcmc.runtime.records import save_npz
 from fedmcmc.runtime.round import chain_keys
 
@@ -135,45 +135,42 @@ class ClientRuntime:
     def handle(self, msg: dict, store: dict) -> dict:
         """Answer one server message (see the module docstring for the kinds)."""
         kind = msg["kind"]
-        if kind == "hello":
-            return {"index": self.index}
+        if kind == "hello":  # what the server checks before round 1
+            return {"index": self.index, "num_clients": self.b,
+                    "shapes": [list(a.shape[2:]) for a in jax.tree_util.tree_leaves(self.data)]}
         C = self.chain_keys.shape[0]
         flags = [jax.ShapeDtypeStruct((C,), jnp.bool_)]
         state_dir = Path(msg["state_dir"]) if msg.get("state_dir") else None
         if kind == "init":
             if int(msg.get("resume_from", -1)) > 0:
-                k = int(msg["resume_from"])
-                saved = sorted(int(p.stem[5:]) for p in (state_dir / f"client{self.index}").glob("round*.npz")
-                               if int(p.stem[5:]) < k) if state_dir else []
-                if not saved:
-                    raise RuntimeError(f"client {self.index} has no saved state before round {k} in {state_dir}")
-                with np.load(state_dir / f"client{self.index}" / f"round{saved[-1]}.npz") as z:
-                    store.update(committed=z["committed"].tobytes(), pending=z["pending"].tobytes(), k=saved[-1])
+                self._restore(state_dir, int(msg["resume_from"]), store)
                 return {"ok": 1}
-            bc = unpack(msg["broadcast"], self.bc_like)
+            bc = from_leaves(msg["broadcast"], self.bc_like)
             cs = self.init(self.chain_keys, bc)
             store.update(committed=pack(cs), pending=pack(cs), k=-1)
             if state_dir is not None:
                 self._save(state_dir, -1, store, 0)
             return {"ok": 1}
+        if "committed" not in store and kind == "round":  # a restarted node: its own saved state
+            self._restore(state_dir, int(msg["k"]), store)
         committed = unpack(store["committed"], self.cs_like)
         if kind == "setup":
-            cs, up, info = self.setup(self.chain_keys, committed, unpack(msg["broadcast"], self.bc_like))
+            cs, up, info = self.setup(self.chain_keys, committed, from_leaves(msg["broadcast"], self.bc_like))
             store.update(committed=pack(cs), pending=pack(cs))
-            return {"upload": pack(up), "bits": [int(x) for x in np.asarray(info.bits)[:, 0]]}
+            return {"upload": leaves(up), "bits": [int(x) for x in np.asarray(info.bits)[:, 0]]}
         if kind == "setup_receive":
-            cs = self.receive(committed, unpack(msg["message"], self.msg_like))
+            cs = self.receive(committed, from_leaves(msg["message"], self.msg_like))
             store.update(committed=pack(cs), pending=pack(cs))
             if state_dir is not None:
                 self._save(state_dir, -1, store, 0)
             return {"ok": 1}
         if kind == "round":
             k = int(msg["k"])
-            accepted = unpack(msg["accepted"], flags)[0]
-            mask = unpack(msg["mask"], flags)[0]
+            accepted = from_leaves(msg["accepted_round"], [jax.ShapeDtypeStruct((C,), jnp.int32)])[0] == store["k"]
+            mask = from_leaves(msg["mask"], flags)[0]
             pending = unpack(store["pending"], self.cs_like)
             cs = self.accept(jnp.asarray(accepted), pending, committed)
-            bc = unpack(msg["broadcast"], self.bc_like)
+            bc = from_leaves(msg["broadcast"], self.bc_like)
             new_cs, up, bits = self.step(self.chain_keys, cs, bc, jnp.asarray(mask)[:, None], jnp.int32(k))
             store.update(committed=pack(cs), pending=pack(new_cs), k=k)
             if state_dir is not None:
@@ -191,6 +188,15 @@ class ClientRuntime:
                 reply["wire_bits"].append(int(enc.bits))
             return reply
         raise ValueError(f"unknown message kind {kind!r}")
+
+    def _restore(self, state_dir: Path | None, k: int, store: dict) -> None:
+        """Load the node's latest saved state from before round ``k`` into ``store``."""
+        folder = state_dir / f"client{self.index}" if state_dir else None
+        saved = sorted(int(p.stem[5:]) for p in folder.glob("round*.npz") if int(p.stem[5:]) < k) if folder else []
+        if not saved:
+            raise RuntimeError(f"client {self.index} has no saved state before round {k} in {state_dir}")
+        with np.load(folder / f"round{saved[-1]}.npz") as z:
+            store.update(committed=z["committed"].tobytes(), pending=z["pending"].tobytes(), k=saved[-1])
 
     def _save(self, state_dir: Path, k: int, store: dict, keep: int):
         """The node's own checkpoint (its state folder): the state after round ``k``; files of

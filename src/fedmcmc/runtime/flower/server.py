@@ -3,7 +3,7 @@
 :class:`ServerRuntime` runs the server side of any :class:`~fedmcmc.core.base.FederatedSampler`
 over a transport (Flower's ``Grid`` in :mod:`fedmcmc.app.flower.apps`, or direct calls in tests);
 :class:`~fedmcmc.runtime.flower.client.ClientRuntime` runs one client's side on its own data. Messages are dicts of
-``str``, ``int``, ``bytes`` and lists of them (what a Flower ``ConfigRecord`` carries).
+``str``, ``int``, ``bytes``, lists of them, and lists of NumPy arrays (what Flower's records carry).
 
 Same samples as :func:`fedmcmc.simulate`: both call the round of :mod:`fedmcmc.runtime.round`
 (with its key schedule). Every node runs all chains of its client (chains under ``vmap``), and
@@ -11,9 +11,11 @@ the server stacks the replies into the leading client axis and calls the same ``
 
 Faults. A client that fails, times out, or sends an upload that :func:`~fedmcmc.runtime.flower.wire.decode_upload`
 rejects is inactive for that round (``mask[c, i] = False``, which the sampler's participation
-weights see). The client keeps its round result as *pending* and commits it only when the
-next round's message says the upload was accepted; otherwise it keeps its previous state,
-exactly as an inactive client does in the simulator. The server writes draws and its state
+weights see). The client keeps its round result as *pending*; each message names, per chain,
+the round of the client's last upload the server applied (``accepted_round``), and the client
+commits its pending result only when that is the pending result's round; otherwise it keeps
+its committed state, exactly as an inactive client does in the simulator. So a node that
+restarts from its saved state, having missed messages, stays in step with the server. The server writes draws and its state
 every chunk of rounds; each node writes its own state every round to its state folder, so
 a restarted server resumes (``resume=True``) with the same samples as an uninterrupted run.
 """
@@ -32,14 +34,14 @@ import numpy as np
 from fedmcmc.core import xla
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime.flower.client import Build, ClientRuntime, config_hash
-from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, items, pack, unpack
+from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, from_leaves, items, leaves
 from fedmcmc.runtime.records import assemble, check_finite, fingerprint, save_npz
 from fedmcmc.runtime.round import chain_keys
 
 log = logging.getLogger("fedmcmc.runtime.flower")
 
 #: Default settings of the ``[flower]`` part of a run (``ServerRuntime`` keyword arguments).
-DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8}
+DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8, "poll_interval": 0.1}
 
 
 
@@ -109,7 +111,7 @@ class ServerRuntime:
                 jax.eval_shape(s.setup.client, key, cs, bc, client0)[1])
 
     def _message(self, kind: str, **fields) -> dict:
-        return {"kind": kind, "config": self.cfg_text, "state_dir": self.state_dir, **fields}
+        return {"kind": kind, "state_dir": self.state_dir, **fields}
 
     def _all(self, transport, messages: dict, what: str) -> dict:
         replies = transport.exchange(messages, self.flower["round_timeout"])
@@ -125,7 +127,7 @@ class ServerRuntime:
         chunk_dir = self.out_dir / "chunks"
         state_path = chunk_dir / "state.npz"
         pieces, done, wall = [], 0, 0.0
-        accepted = np.zeros((self.C, self.b), bool)
+        accepted = np.full((self.C, self.b), -1, np.int32)  # round of each client's last applied upload
         setup_bits = (np.zeros(self.C, np.int64), np.zeros(self.C, np.int64))
         ss_leaves, ss_def = jax.tree_util.tree_flatten(self.ss_like)
         bc_leaves, bc_def = jax.tree_util.tree_flatten(self.bc_like)
@@ -138,13 +140,13 @@ class ServerRuntime:
                 done, wall = int(z["done"]), float(z["wall"])
                 server_state = jax.tree_util.tree_unflatten(ss_def, [jnp.asarray(z[f"ss{i}"]) for i in range(len(ss_leaves))])
                 broadcast = jax.tree_util.tree_unflatten(bc_def, [jnp.asarray(z[f"bc{i}"]) for i in range(len(bc_leaves))])
-                accepted = z["accepted"]
+                accepted = z["last_accepted"]
                 setup_bits = (z["setup_up"], z["setup_down"])
                 num_chunks = int(z["num_chunks"])
             for i in range(num_chunks):
                 with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
                     pieces.append({name: z[name] for name in z.files})
-            self._all(transport, {i: self._message("init", resume_from=done, broadcast=pack(broadcast))
+            self._all(transport, {i: self._message("init", resume_from=done, broadcast=leaves(broadcast))
                                   for i in clients}, "resume")
             log.info("resumed at round %d", done)
         else:
@@ -153,7 +155,7 @@ class ServerRuntime:
                     old.unlink()
             chunk_dir.mkdir(parents=True, exist_ok=True)
             server_state, broadcast = self.init(self.chain_keys, self.theta0)
-            self._all(transport, {i: self._message("init", broadcast=pack(broadcast)) for i in clients}, "init")
+            self._all(transport, {i: self._message("init", broadcast=leaves(broadcast)) for i in clients}, "init")
             if self.sampler.setup is not None:
                 server_state, setup_bits = self._setup(transport, server_state, broadcast)
         while done < self.N:
@@ -183,7 +185,7 @@ class ServerRuntime:
             done += length
             save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **piece)
             save_npz(state_path, fingerprint=np.asarray(run_fingerprint), done=np.asarray(done), wall=np.asarray(wall),
-                      num_chunks=np.asarray(len(pieces)), accepted=accepted, setup_up=setup_bits[0],
+                      num_chunks=np.asarray(len(pieces)), last_accepted=accepted, setup_up=setup_bits[0],
                       setup_down=setup_bits[1],
                       **{f"ss{i}": np.asarray(x) for i, x in enumerate(jax.tree_util.tree_leaves(server_state))},
                       **{f"bc{i}": np.asarray(x) for i, x in enumerate(jax.tree_util.tree_leaves(broadcast))})
@@ -193,13 +195,13 @@ class ServerRuntime:
                          setup_bits)
 
     def _setup(self, transport, server_state, broadcast):
-        replies = self._all(transport, {i: self._message("setup", broadcast=pack(broadcast)) for i in range(self.b)},
+        replies = self._all(transport, {i: self._message("setup", broadcast=leaves(broadcast)) for i in range(self.b)},
                             "setup")
-        uploads = [unpack(replies[i]["upload"], self.setup_up_like) for i in range(self.b)]
+        uploads = [from_leaves(replies[i]["upload"], self.setup_up_like) for i in range(self.b)]
         uploads = jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, axis=1), *uploads)
         bits_up = np.sum([replies[i]["bits"] for i in range(self.b)], axis=0).astype(np.int64)
         server_state, message, info = self.setup(self.chain_keys, server_state, uploads)
-        self._all(transport, {i: self._message("setup_receive", message=pack(message)) for i in range(self.b)},
+        self._all(transport, {i: self._message("setup_receive", message=leaves(message)) for i in range(self.b)},
                   "setup result")
         return server_state, (bits_up, np.asarray(info.broadcast_bits, np.int64) * self.b)
 
@@ -207,17 +209,15 @@ class ServerRuntime:
         """One round: masks, messages to the clients active in some chain, decoding and
         validation of the replies, ``server_step`` with the effective mask."""
         mask = np.asarray(self.masks(self.chain_keys, jnp.int32(k)))  # [C, b]
-        bc = pack(broadcast)
-        messages = {i: self._message("round", k=k, broadcast=bc, mask=pack([mask[:, i]]),
-                                     accepted=pack([accepted[:, i]]), keep=self.chunk + 2)
+        bc = leaves(broadcast)
+        messages = {i: self._message("round", k=k, broadcast=bc, mask=leaves([mask[:, i]]),
+                                     accepted_round=leaves([accepted[:, i].copy()]), keep=self.chunk + 2)
                     for i in range(self.b) if mask[:, i].any()}
         replies = transport.exchange(messages, self.flower["round_timeout"]) if messages else {}
         uploads = [np.zeros((self.C, self.b) + tuple(x.shape), x.dtype) for x in self.up_leaves]
         effective = np.zeros_like(mask)
         bits = np.zeros((self.C, self.b), np.int64)
-        new_accepted = accepted.copy()
         for i in messages:
-            new_accepted[:, i] = False
             reply = replies.get(i)
             if reply is None:
                 self.stats["missing_replies"] += 1
@@ -243,14 +243,14 @@ class ServerRuntime:
                 for u, v in zip(uploads, values):
                     u[c, i] = v
                 effective[c, i] = True
-                new_accepted[c, i] = True
+                accepted[c, i] = k
                 bits[c, i] = wire
         up_tree = jax.tree_util.tree_unflatten(self.up_treedef, [jnp.asarray(u) for u in uploads])
         server_state, broadcast, info = self.step(self.chain_keys, server_state, up_tree, jnp.asarray(effective),
                                                   jnp.int32(k))
         n_active = effective.sum(axis=1)
         counts = np.stack([bits.sum(axis=1), n_active * np.asarray(info.broadcast_bits, np.int64), n_active])
-        return server_state, broadcast, new_accepted, counts
+        return server_state, broadcast, accepted, counts
 
 
 class LocalTransport:

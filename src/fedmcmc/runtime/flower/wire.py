@@ -5,7 +5,8 @@
   each goes as one message of :func:`fedmcmc.compression.encode` (the QSGD code, float32
   for a float32 array). So the bits counted by the samplers (``info.bits``) are the bits on
   the wire, and the server decodes the message with the sampler's own ``server_step``.
-* Broadcasts, masks and client states are arrays written with :func:`pack` (``.npz``).
+* Broadcasts, masks and setup messages travel as lists of arrays (:func:`leaves`, checked on
+  arrival by :func:`from_leaves`); a node saves its client state with :func:`pack` (``.npz``).
 * :func:`decode_upload` validates every field before the server uses it: undecodable bytes,
   a wrong length or shape, a wrong codec, NaN/inf or an absurd norm raise
   :class:`MalformedUpload` (the server then treats the client as inactive for that round).
@@ -26,27 +27,44 @@ class MalformedUpload(ValueError):
     """An upload the server refuses to apply."""
 
 
+def leaves(tree) -> list[np.ndarray]:
+    """The leaves of a pytree of arrays, as NumPy arrays (how arrays travel in a message)."""
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def from_leaves(arrays, like) -> Any:
+    """Inverse of :func:`leaves`, checked against ``like`` (a pytree of arrays or ShapeDtypeStructs).
+
+    Raises
+    ------
+    MalformedUpload
+        A wrong number of arrays, or an array of the wrong shape or dtype.
+    """
+    refs, treedef = jax.tree_util.tree_flatten(like)
+    arrays = [np.asarray(a) for a in arrays]
+    if len(arrays) != len(refs):
+        raise MalformedUpload(f"array message has {len(arrays)} arrays, expected {len(refs)}")
+    for a, ref in zip(arrays, refs):
+        if a.shape != tuple(ref.shape) or a.dtype != np.dtype(ref.dtype):
+            raise MalformedUpload(f"array of shape {a.shape} {a.dtype}, expected {tuple(ref.shape)} {ref.dtype}")
+    return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
 def pack(tree) -> bytes:
-    """The leaves of a pytree of arrays as ``.npz`` bytes."""
+    """The leaves of a pytree of arrays as ``.npz`` bytes (a node's saved client state)."""
     buf = io.BytesIO()
-    np.savez(buf, *[np.asarray(x) for x in jax.tree_util.tree_leaves(tree)])
+    np.savez(buf, *leaves(tree))
     return buf.getvalue()
 
 
 def unpack(data: bytes, like) -> Any:
-    """Inverse of :func:`pack`, checked against ``like`` (a pytree of arrays or ShapeDtypeStructs)."""
-    leaves, treedef = jax.tree_util.tree_flatten(like)
+    """Inverse of :func:`pack`, checked against ``like`` (see :func:`from_leaves`)."""
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = [z[f"arr_{i}"] for i in range(len(z.files))]
     except Exception as err:  # noqa: BLE001 - any parse failure is a malformed message
         raise MalformedUpload(f"undecodable array message: {err}") from None
-    if len(arrays) != len(leaves):
-        raise MalformedUpload(f"array message has {len(arrays)} arrays, expected {len(leaves)}")
-    for a, ref in zip(arrays, leaves):
-        if a.shape != tuple(ref.shape) or a.dtype != np.dtype(ref.dtype):
-            raise MalformedUpload(f"array of shape {a.shape} {a.dtype}, expected {tuple(ref.shape)} {ref.dtype}")
-    return jax.tree_util.tree_unflatten(treedef, arrays)
+    return from_leaves(arrays, like)
 
 
 class Encoded(NamedTuple):
