@@ -45,6 +45,7 @@ from fedmcmc.evaluation import diagnostics
 from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.runtime import io
 from fedmcmc.app import problems
+from fedmcmc.app import step as auto
 from fedmcmc.compression import resolve_compressor
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
@@ -261,16 +262,22 @@ def build(cfg: dict) -> dict[str, Any]:
     args = {param: _ARGUMENTS[param].make(section, run) for param in made}
     args.update({param: section[_RENAMED.get(param, param)] for param in params
                  if param not in _ARGUMENTS and _RENAMED.get(param, param) in section})
+    step = {"value": section.get("step_size"), "rule": "given"}
+    if section.get("step_size") == "auto":
+        param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
+        args[param], step = auto.auto_step(cfg["run"].get("seed", 0), name, args, model, data, args.get("mode"))
     entry = REGISTRY[name]
     sampler = entry.build(**args)
     return {"data": data.pooled() if entry.pooled else data, "model": model, "exact": exact, "sampler": sampler,
-            "mode": args.get("mode")}
+            "mode": args.get("mode"), "step": step}
 
 
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
     cfg = load(path)
     started = time.perf_counter()
     built = build(cfg)
+    if built["step"]["rule"] != "given":
+        print(auto.describe(built["step"]))
     r = dict(cfg["run"])
     model, exact = built["model"], built["exact"]
     res = simulate(r.get("seed", 0), built["sampler"], built["data"], np.zeros(model.dim), r["num_iterations"],
@@ -300,6 +307,7 @@ def report(cfg: dict, built: dict, res, out: str | Path, started: float, **extra
                                      / max(res.samples.shape[1] // res.draws_per_round * res.thinning, 1)),
         "setup_bits_per_chain": float(res.setup_bits_up.mean() + res.setup_bits_down.mean()),
         "diagnostics": diagnostics.summary(res.samples),
+        "step": built["step"],
         "theta_star": None if built["mode"] is None else {"rounds": built["mode"].rounds, "bits": built["mode"].bits},
         "sampler_seconds": res.wall_seconds,
         "wall_seconds": time.perf_counter() - started,
