@@ -54,10 +54,10 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
 * DSGLD and CG-DSGLD (Ahn et al. 2014; El Mekkaoui et al. 2021): the local step is ``h / 2``
   on the shard's potential ``-log p - (1 / f_s) log p(x_s | theta)``, whose curvature is about
   ``(w_s / f_s) L``, with minibatch noise ``kappa_s = (N_s / m_s - 1) w_s / f_s^2``:
-  ``h = 4 E / (L max_s (w_s / f_s + kappa_s) V)``. DSGLD's visit of ``V`` (``local_steps``)
-  steps follows one shard alone (the bias conducive gradients cure), bounded as FA-HMC's round:
-  ``V = local_steps``; CG-DSGLD's conducive gradient makes every shard's drift the full
-  posterior's (exactly with exact surrogates): ``V = 1``.
+  ``h = 4 E / (L max_s (w_s / f_s + kappa_s) V)``. A visit of ``V`` (``local_steps``) steps
+  follows one shard, the bias conducive gradients cure exactly only with exact surrogates
+  (Gaussian models); Taylor or Laplace surrogates of another likelihood are exact at the mode
+  only, so for both samplers a visit is bounded as FA-HMC's round, as one step of ``V h / 2``.
 * DG-SGLD (Plassier et al. 2021): client ``i``'s step on ``U_i(z) + ||z - theta||^2 / (2 rho_i)``,
   whose curvature is at most ``L + 1 / rho_i`` (``nabla^2 U_i <= nabla^2 U`` for convex terms):
   ``gamma_i = 2 E / (L (1 + kappa_i) + 1 / rho_i)``, ``kappa_i = N_i / n_i - 1``.
@@ -168,15 +168,11 @@ def _fa_hmc(s: Setting) -> tuple[float, str]:
     return 2.0 * np.sqrt(E / d), "2 sqrt(E / (S L + K (N/n - 1) L + K sigma^2 + 4 omega S^2 L))"
 
 
-def _dsgld(visit: bool) -> Callable[[Setting], tuple[float, str]]:
-    def rule(s: Setting) -> tuple[float, str]:
-        w = s.counts / s.counts.sum()
-        f = np.asarray(s.args["probs"], np.float64)
-        scale = np.max(w / f + (s.counts / _batch(s) - 1.0) * w / f**2)
-        steps = int(s.args["local_steps"]) if visit else 1
-        return 4.0 * E / (s.lambda_max * scale * steps), "4E / (L max_s(w_s/f_s + kappa_s) V)"
-
-    return rule
+def _dsgld(s: Setting) -> tuple[float, str]:
+    w = s.counts / s.counts.sum()
+    f = np.asarray(s.args["probs"], np.float64)
+    scale = np.max(w / f + (s.counts / _batch(s) - 1.0) * w / f**2)
+    return 4.0 * E / (s.lambda_max * scale * int(s.args["local_steps"])), "4E / (L max_s(w_s/f_s + kappa_s) V)"
 
 
 def _dg_sgld(s: Setting) -> tuple[np.ndarray, str]:
@@ -198,8 +194,8 @@ def _psgld(s: Setting):
 #: Registered sampler name -> ``rule(Setting) -> (step, formula)`` (see the module docstring).
 RULES: dict[str, Callable[[Setting], tuple]] = {
     "sgld": _sgld, "psgld": _psgld, "qlsd#": _qlsd_sharp, "qlsd*": _qlsd_cv, "lsd*": _qlsd_cv,
-    "qlsd++": _qlsd_pp, "lsd++": _qlsd_pp, "fa-hmc": _fa_hmc, "fa-ld": _fa_hmc, "dsgld": _dsgld(visit=True),
-    "cg-dsgld": _dsgld(visit=False), "dg-sgld": _dg_sgld, "fedavg": _fedavg,
+    "qlsd++": _qlsd_pp, "lsd++": _qlsd_pp, "fa-hmc": _fa_hmc, "fa-ld": _fa_hmc, "dsgld": _dsgld,
+    "cg-dsgld": _dsgld, "dg-sgld": _dg_sgld, "fedavg": _fedavg,
 }
 
 
