@@ -43,14 +43,18 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   ``kappa += N / n - 1``. QLSD#'s bias from the clients' gradients at the mode (``omega B*``,
   their Table 2) is not a matter of curvature; no step removes it (use QLSD* or QLSD++).
 * FA-HMC, FA-LD (Liang et al. 2024; Deng et al. 2021): ``eta = 2 sqrt(E / D)``,
-  ``D = S L + K (N / n - 1) L + K sigma^2 + 4 omega S^2 L``, from the relative variance
-  inflations of: a round of ``S`` leapfrog steps taken on heterogeneous local potentials, bounded
-  by treating the round as one step (``S eta^2 L / 4``; the paper's own condition,
-  ``(K eta)^2 <= C eps / sqrt(d T)`` of its Proposition 4.3, also shrinks with the steps per
-  round); minibatch and simulated gradient noise heating the momentum over a trajectory of ``K``
-  steps (``K eta^2 s^2 / 4``); and compressing the round's move ``eta S p`` (``omega eta^2 S^2 L``).
-  The paper's proofs assume ``K eta <= 1 / sqrt(L)``, a contraction condition, not an accuracy
-  one; the rule does not impose it.
+  ``D = S min(K, S) L + K (N / n - 1) L + K sigma^2 + 4 omega S^2 L``, from the relative variance
+  inflations of: a round of ``S`` leapfrog steps taken on heterogeneous local potentials (each
+  client's private momentum and own curvature carry it away from the others until the round
+  ends), bounded by treating the round as one step of the dynamics it integrates: ballistic
+  within a trajectory of ``K`` steps, a leapfrog step of ``S eta`` if ``K >= S``
+  (``(S eta)^2 L / 4``), and ``S / K`` Langevin steps of ``(K eta)^2 / 2`` otherwise
+  (``S K eta^2 L / 4``; FA-LD, ``K = 1``: ``T`` steps of ULA as one); minibatch and simulated
+  gradient noise heating the momentum over a trajectory (``K eta^2 s^2 / 4``); and compressing
+  the round's move ``eta S p`` (``omega eta^2 S^2 L``). The paper's condition on the same
+  quantities, ``(K eta)^2 <= C eps^2 / (d T^2 (1 - rho) N)`` (Proposition 4.3, ``C`` unknown),
+  also shrinks the step with the steps per round; its proofs' ``K eta <= 1 / sqrt(L)`` is a
+  contraction condition, which the rule does not impose.
 * DSGLD and CG-DSGLD (Ahn et al. 2014; El Mekkaoui et al. 2021): the local step is ``h / 2``
   on the shard's potential ``-log p - (1 / f_s) log p(x_s | theta)``, whose curvature is about
   ``(w_s / f_s) L``, with minibatch noise ``kappa_s = (N_s / m_s - 1) w_s / f_s^2``:
@@ -164,8 +168,9 @@ def _fa_hmc(s: Setting) -> tuple[float, str]:
     steps = steps_per_round(k, int(s.args["local_steps"]), s.args.get("clock", "leapfrog"))
     sigma = float(s.args.get("gradient_noise", 0.0))
     lam = s.lambda_max
-    d = steps * lam + k * _minibatch_kappa(s) * lam + k * sigma**2 + 4 * float(np.max(_omega(s))) * steps**2 * lam
-    return 2.0 * np.sqrt(E / d), "2 sqrt(E / (S L + K (N/n - 1) L + K sigma^2 + 4 omega S^2 L))"
+    omega = float(np.max(_omega(s)))
+    d = steps * min(k, steps) * lam + k * _minibatch_kappa(s) * lam + k * sigma**2 + 4 * omega * steps**2 * lam
+    return 2.0 * np.sqrt(E / d), "2 sqrt(E / (S min(K, S) L + K (N/n - 1) L + K sigma^2 + 4 omega S^2 L))"
 
 
 def _dsgld(s: Setting) -> tuple[float, str]:
