@@ -85,10 +85,10 @@ def test_auto_steps_give_the_nuts_widest_and_narrowest_sds_on_breast_cancer(tmp_
 
     Budget (< 60 s CPU): the widest marginals are the prior's (precision ~1) and lambda_max is ~67,
     so a Langevin chain at the rules' gamma ~ 1e-3 needs ~800 rounds per effective draw of a
-    squared coordinate; 16 chains of 23,000 rounds after 2,000 of burn-in (2 relaxation times from
-    the mode) give an ESS of ~500 for every variance, a relative Monte-Carlo error of the sd of
-    1 / sqrt(2 ESS) = 3.2%, ~3.5% for the ratio with NUTS's (checked: below 4%). That is 2.9
-    errors for 10% on one marginal, too few for the largest of 31 (docs/reproductions.md has
+    squared coordinate; 16 chains of 25,000 rounds from the mode, the first 2,000 (2 relaxation
+    times) discarded, give an ESS of ~460 for every variance, a relative Monte-Carlo error of the
+    sd of 1 / sqrt(2 ESS) = 3.3%, ~3.6% for the ratio with NUTS's (checked: below 4%). That is
+    2.8 errors for 10% on one marginal, too few for the largest of 31 (docs/reproductions.md has
     every marginal, from 2.5 times longer runs); the rules are made for the widest and the
     narrowest. CG-DSGLD runs 2 local steps per visit (its rule makes a round's progress
     independent of the visit's length) and FA-HMC K = 10 leapfrog steps with T = 2 per round.
