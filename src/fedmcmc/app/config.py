@@ -9,7 +9,7 @@ Example::
 
     [sampler]
     name = "qlsd*"                    # a sampler of fedmcmc.samplers.REGISTRY
-    step_size = 4.9e-4
+    step_size = 4.9e-4                # or "auto": from the curvature at the mode (fedmcmc.app.step)
     batch_fraction = 0.1              # or batch_size = 10 (per client), omit for full batches
     compression = { bits = 8 }        # or { levels = 16 }, "none"
     participation = { p = 0.5, scaling = "inverse_probability" }
