@@ -65,6 +65,8 @@ def test_psgld_auto_is_one_clear_line(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("fedmcmc: error: psgld has no step_size = \"auto\"")
     assert not (tmp_path / "out").exists()
+    with pytest.raises(config.ConfigError, match='step_size must be a positive number or "auto"'):
+        config.validate(tomllib.loads(CONFIG.format(sampler="qlsd*", extra="").replace('"auto"', '"fast"')))
 
 
 def _breast_cancer_split(num_clients):

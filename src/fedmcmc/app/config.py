@@ -225,6 +225,8 @@ def _validate_sampler(cfg: dict) -> None:
         why = [_MUST_SET.get(name, {}).get(key) for key in missing]
         raise ConfigError(f"[sampler] {name} needs {', '.join(missing)}"
                           + "".join(f"; {text}" for text in why if text))
+    if isinstance(section.get("step_size"), str) and section["step_size"] != "auto":
+        raise ConfigError(f'[sampler] step_size must be a positive number or "auto" (got {section["step_size"]!r})')
     for param, p in _parameters(name).items():
         key = _RENAMED.get(param, param)
         if isinstance(p.default, bool) and key in section and not isinstance(section[key], bool):
