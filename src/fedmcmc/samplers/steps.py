@@ -105,9 +105,9 @@ def _omega(s: Setting) -> np.ndarray:
     return np.broadcast_to(np.asarray(omega, np.float64), s.counts.shape)
 
 
-def _batch(s: Setting, key: str = "batch_size") -> np.ndarray:
+def _batch(s: Setting) -> np.ndarray:
     """``n_i``: the batch of each client (``N_i`` for full batches; a pooled batch is the total)."""
-    batch = s.args.get(key)
+    batch = s.args.get("batch_size")
     if batch is None:
         return s.counts.astype(np.float64)
     return np.minimum(np.broadcast_to(np.asarray(batch, np.float64), s.counts.shape), s.counts)
@@ -162,8 +162,6 @@ def _sgld(s: Setting) -> tuple[float, str]:
 
 
 def _fa_hmc(s: Setting) -> tuple[float, str]:
-    from fedmcmc.samplers.fa_hmc import steps_per_round
-
     k = int(s.args.get("num_leapfrog", 1))
     steps = steps_per_round(k, int(s.args["local_steps"]), s.args.get("clock", "leapfrog"))
     sigma = float(s.args.get("gradient_noise", 0.0))
