@@ -29,19 +29,21 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None) -> tuple
     ``seed`` keys the power iterations' start vectors; ``mode`` is the sampler's own mode, if it
     has one (else the mode is found here and its cost added to the step's). Returns
     ``(value, record)``: the step (a float, or one per client for DG-SGLD) and
-    ``{"value", "rule", "lambda_max", "lambda_min", "rounds", "bits"}`` (``bits`` up and down).
+    ``{"value", "rule", "lambda_max", "lambda_min", "converged", "rounds", "bits"}`` (``bits`` up
+    and down; ``converged``: whether the power iterations met their tolerance).
     """
+    counts = np.asarray(data.counts, np.int64)
+    if REGISTRY[name].pooled:
+        counts = counts.sum(keepdims=True)
+    rule_step(name, Setting(1.0, None, args, counts, int(model.dim)))  # a refusal before any round
     own = mode is None
     mode = gradients.find_mode(model, data) if own else mode
     found = curvature_lib.curvature(jax.random.key(seed), model, data, mode.theta, max_rounds=MAX_ROUNDS, tol=TOL,
                                     smallest=True, max_rounds_smallest=MAX_ROUNDS_SMALLEST)
-    counts = np.asarray(data.counts, np.int64)
-    if REGISTRY[name].pooled:
-        counts = counts.sum(keepdims=True)
     value, formula = rule_step(name, Setting(found.lambda_max, found.lambda_min, args, counts, int(model.dim)))
     rounds, bits = found.rounds + own * mode.rounds, found.bits_up + found.bits_down + own * mode.bits
     record = {"value": np.asarray(value).tolist(), "rule": formula, "lambda_max": found.lambda_max,
-              "lambda_min": found.lambda_min, "rounds": rounds, "bits": bits}
+              "lambda_min": found.lambda_min, "converged": found.converged, "rounds": rounds, "bits": bits}
     return value, record
 
 
