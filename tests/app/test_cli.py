@@ -130,6 +130,9 @@ def test_missing_and_malformed_files(tmp_path):
     partial = tmp_path / "partial.toml"
     partial.write_text("[problem]\nname = 'heterogeneous-gaussian'\n")
     assert_one_line_error(fedmcmc("run", partial), "[sampler]")
+    schedule = write_config(tmp_path / "schedule.toml", iterations=2001)  # thinning = 5
+    assert_one_line_error(fedmcmc("run", schedule, "--out", tmp_path / "never"), "multiple of thinning")
+    assert not (tmp_path / "never").exists()  # refused before anything is written
 
 
 def test_unknown_experiment_and_bad_overrides():

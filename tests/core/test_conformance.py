@@ -112,7 +112,7 @@ def reference(name: str):
 
 def _simulate(cfg, built, **kwargs):
     r = cfg["run"]
-    return simulate(r["seed"], built["sampler"], built["data"], np.zeros(built["model"].dim), r["num_iterations"],
+    return simulate(r["seed"], built.sampler, built.data, np.zeros(built.model.dim), r["num_iterations"],
                     num_chains=r["num_chains"], chunk_size=r["chunk_size"], **kwargs)
 
 

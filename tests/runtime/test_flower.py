@@ -66,7 +66,7 @@ def reference(text):
     cfg = tomllib.loads(text)
     built = config.build(cfg)
     r = cfg["run"]
-    return simulate(r.get("seed", 0), built["sampler"], built["data"], np.zeros(built["model"].dim),
+    return simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim),
                     r["num_iterations"], num_chains=r["num_chains"], burn_in=r.get("burn_in", 0),
                     thinning=r.get("thinning", 1))
 
@@ -190,7 +190,7 @@ def test_no_raw_data_leaves_a_client(tmp_path):
 
     transport = LocalTransport(text, 3, config.from_text, record)
     ServerRuntime(text, tmp_path, config.from_text).run(transport)
-    data = config.build(tomllib.loads(text))["data"]
+    data = config.build(tomllib.loads(text)).data
     d = 5
     assert {r[0] for r in replies} == {0, 1, 2}
     for i, reply in replies:

@@ -1,4 +1,5 @@
-"""Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | flower sim|deploy CONFIG.toml | bench``.
+"""Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | predict RUN_DIR DATA.csv |
+example NAME DIR | flower sim|deploy CONFIG.toml | bench``.
 
 Bad input ends with one line on stderr that names the problem and the fix, and exit code 2;
 a run that diverges ends with exit code 3 and says which step size to lower.
@@ -39,6 +40,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
     c.add_argument("--no-progress", action="store_true")
     _workers_option(c)
+    pr = sub.add_parser("predict", help="posterior predictive of a finished run on the rows of a CSV file")
+    pr.add_argument("run_dir", type=Path, help="the folder of a finished `fedmcmc run` of [data] + [model]")
+    pr.add_argument("data", type=Path, help="CSV file with a header and the run's feature columns (target optional)")
+    pr.add_argument("--out", type=Path, default=None, help="output CSV (default RUN_DIR/predictions-DATA.csv)")
+    pr.add_argument("--level", type=float, default=0.94, help="probability of a regression's interval (default 0.94)")
+    e = sub.add_parser("example", help="write an example's input files (docs/tutorial.md)")
+    e.add_argument("name", choices=["three-hospitals"])
+    e.add_argument("folder", type=Path)
     f = sub.add_parser("flower", help="run a config on Flower: simulation or local deployment engine")
     f.add_argument("engine", choices=["sim", "deploy"])
     f.add_argument("config", type=Path)
@@ -59,7 +68,8 @@ def _workers_option(parser) -> None:
 
 
 def _list() -> None:
-    from fedmcmc.app import config, studies, problems
+    from fedmcmc.app import config, inputs, studies, problems
+    from fedmcmc.data import DATASETS
     from fedmcmc.samplers import REGISTRY
 
     print("experiments (fedmcmc reproduce NAME [--quick]):")
@@ -72,6 +82,12 @@ def _list() -> None:
     print("problems ([problem] name in a run config):")
     for name in problems.PROBLEMS:
         print(f"  {name:24s} {problems.summary(name)}")
+    print('models ([model] name with your [data], or "package.module:function"; and their keys):')
+    for name, (builder, task) in inputs.MODELS.items():
+        print(f"  {name:24s} {task}; keys: {', '.join(sorted(inputs.builder_keys(builder)[0]))}, temperature")
+    print("data sets ([data] builtin = NAME, with a partition):")
+    for name, entry in DATASETS.items():
+        print(f"  {name:24s} {entry.description}")
 
 
 def _main(args) -> int:
@@ -99,8 +115,19 @@ def _main(args) -> int:
 
         out = args.out or Path("results") / args.config.stem
         payload = config.run(args.config, out, resume=args.resume, progress=not args.no_progress)
-        print(f"wrote {out}/results.json and {out}/posterior.nc; posterior mean error "
-              f"{payload['posterior_mean_error']:.3g}, variance ratio {payload['posterior_variance_ratio']:.3g}")
+        print(f"wrote {out}/results.json and {out}/posterior.nc; {_accuracy(payload)}")
+        return 0
+    if args.command == "predict":
+        from fedmcmc.app.predict import predict
+
+        path = predict(args.run_dir, args.data, args.out, level=args.level)
+        print(f"wrote {path}")
+        return 0
+    if args.command == "example":
+        from fedmcmc.app.examples import EXAMPLES
+
+        written = EXAMPLES[args.name](args.folder)
+        print("wrote " + ", ".join(str(path) for path in written))
         return 0
     if args.command == "flower":
         from fedmcmc.app.flower import launch
@@ -109,8 +136,7 @@ def _main(args) -> int:
         run = launch.run_sim if args.engine == "sim" else launch.run_deploy
         payload = run(args.config, out, clients=args.clients, resume=args.resume)
         print(f"wrote {out}/results.json and {out}/posterior.nc ({args.engine} engine, "
-              f"{payload['flower']['median_round_seconds']:.2f} s per round); posterior mean error "
-              f"{payload['posterior_mean_error']:.3g}, variance ratio {payload['posterior_variance_ratio']:.3g}")
+              f"{payload['flower']['median_round_seconds']:.2f} s per round); {_accuracy(payload)}")
         return 0
     if args.command == "bench":
         from fedmcmc.app.bench import run as run_bench
@@ -147,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("fedmcmc: interrupted; rerun with --resume to continue from the last chunk\n")
         return 130
+
+
+def _accuracy(payload: dict) -> str:
+    """The run's errors against the exact posterior (a ``[problem]``), else its draw count."""
+    if "posterior_mean_error" not in payload:
+        return f"{payload['num_draws']} draws per chain"
+    return (f"posterior mean error {payload['posterior_mean_error']:.3g}, "
+            f"variance ratio {payload['posterior_variance_ratio']:.3g}")
 
 
 def _step_size_hint(args):

@@ -1,6 +1,8 @@
 """`fedmcmc run CONFIG.toml`: a run described in a TOML file, validated before it starts.
 
-Example::
+A run has either ``[problem]`` (a built-in problem with an exact posterior, below) or ``[data]``
+and ``[model]`` (a practitioner's data and model: :mod:`fedmcmc.app.inputs`), plus ``[sampler]``
+and ``[run]``. Relative file paths are relative to the config file's folder. Example::
 
     [problem]
     name = "heterogeneous-gaussian"   # a problem of fedmcmc.app.problems.PROBLEMS
@@ -44,12 +46,14 @@ from fedmcmc.core import figures
 from fedmcmc.evaluation import diagnostics
 from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.runtime import io
-from fedmcmc.app import problems
+from fedmcmc.app import inputs, outputs, problems
 from fedmcmc.app import step as auto
+from fedmcmc.app.inputs import model_from_config
 from fedmcmc.compression import resolve_compressor
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 from fedmcmc.runtime.simulator import simulate
+from fedmcmc.core.checks import check_schedule
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"}
 #: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
@@ -58,6 +62,40 @@ _OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact"}}
 
 class ConfigError(ValueError):
     """An invalid run configuration."""
+
+
+class Built(NamedTuple):
+    """A config turned into a run.
+
+    Attributes
+    ----------
+    data
+        The clients' training data (pooled into one client for a pooled sampler).
+    model
+        The model (``[problem]``'s, or ``[model]`` built for the data).
+    exact
+        The exact posterior of a ``[problem]``; None for ``[data]``.
+    sampler
+        The registered sampler built from ``[sampler]``.
+    mode
+        The federated mode QLSD* uses (``gradients.ModeResult``), else None.
+    tests
+        Each client's held-out ``(x, y)``, or None (a ``[problem]``, or ``test_fraction = 0``).
+    inputs
+        What the data were (:class:`fedmcmc.app.inputs.Inputs`); None for a ``[problem]``.
+    step
+        How the step size was set: ``{"value": ..., "rule": "given"}``, or with ``step_size = "auto"``
+        the record of :func:`fedmcmc.app.step.auto_step` (value, rule, curvature, rounds, bits).
+    """
+
+    data: Any
+    model: Any
+    exact: Any
+    sampler: Any
+    mode: Any
+    tests: tuple | None
+    inputs: inputs.Inputs | None
+    step: dict
 
 
 class _Run(NamedTuple):
@@ -188,15 +226,32 @@ def _unknown(section: str, given, allowed) -> None:
 
 def validate(cfg: dict) -> None:
     """Check a parsed config's sections and keys (values are checked as the run is built)."""
-    for section in ("problem", "sampler", "run"):
+    for section in ("sampler", "run"):
         if section not in cfg:
             raise ConfigError(f"config needs a [{section}] section")
-    extra = set(cfg) - {"problem", "sampler", "run"} - set(_OPTIONAL)
+    extra = set(cfg) - {"problem", "data", "model", "sampler", "run"} - set(_OPTIONAL)
     if extra:
-        raise ConfigError(f"unknown section(s) {sorted(extra)}; allowed: {['problem', 'run', 'sampler', *_OPTIONAL]}")
+        raise ConfigError(f"unknown section(s) {sorted(extra)}; allowed: "
+                          f"{['data', 'model', 'problem', 'run', 'sampler', *_OPTIONAL]}")
+    if ("problem" in cfg) == ("data" in cfg or "model" in cfg) or ("data" in cfg) != ("model" in cfg):
+        raise ConfigError("a config needs either [problem] (a built-in problem) or both [data] and [model] "
+                          f"(your data and model); it has {sorted({'problem', 'data', 'model'} & set(cfg))}")
     _unknown("run", cfg["run"], _RUN)
     for section, keys in _OPTIONAL.items():
         _unknown(section, cfg.get(section, {}), keys)
+    if "data" in cfg:
+        _unknown("data", cfg["data"], inputs.DATA_KEYS)
+        if cfg["model"].get("name") in inputs.MODELS:  # a user's function is imported as the run is built
+            inputs.resolve_builder(cfg["model"])
+    else:
+        _validate_problem(cfg)
+    _validate_sampler(cfg)
+    for key in ("num_chains", "num_iterations"):
+        if key not in cfg["run"]:
+            raise ConfigError(f"[run] needs {key}")
+
+
+def _validate_problem(cfg: dict) -> None:
     name = cfg["problem"].get("name")
     if name not in problems.PROBLEMS:
         raise ConfigError(f"unknown problem {name!r}; available: {', '.join(problems.PROBLEMS)}")
@@ -204,10 +259,6 @@ def validate(cfg: dict) -> None:
     if unknown:
         raise ConfigError(f"unknown key(s) {sorted(unknown)} for problem {name!r}; allowed: "
                           f"{sorted({'name', *problems.settings(name)})}")
-    _validate_sampler(cfg)
-    for key in ("num_chains", "num_iterations"):
-        if key not in cfg["run"]:
-            raise ConfigError(f"[run] needs {key}")
 
 
 def _validate_sampler(cfg: dict) -> None:
@@ -233,12 +284,13 @@ def _validate_sampler(cfg: dict) -> None:
             raise ConfigError(f"[sampler] {key} must be true or false (got {section[key]!r})")
 
 
-def from_text(text: str) -> tuple[dict, dict[str, Any]]:
-    """A run config given as TOML text, checked and built: ``(cfg, built)``. The Flower runtime
-    names a run by this text and builds it with this function on every node."""
+def from_text(text: str, base_dir: str | Path | None = None) -> tuple[dict, Built]:
+    """A run config given as TOML text, checked and built: ``(cfg, built)``; relative paths start
+    at ``base_dir`` (default: the working directory). The Flower runtime names a run by this text
+    and builds it with this function on every node."""
     cfg = tomllib.loads(text)
     validate(cfg)
-    return cfg, build(cfg)
+    return cfg, build(cfg, base_dir)
 
 
 def _problem(cfg: dict) -> problems.Problem:
@@ -252,10 +304,15 @@ def _problem(cfg: dict) -> problems.Problem:
     return problems.PROBLEMS[problem](**p)
 
 
-def build(cfg: dict) -> dict[str, Any]:
+def build(cfg: dict, base_dir: str | Path | None = None) -> Built:
     """Turn a validated config into data, model, sampler and run settings: the registered
-    builder called with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS`."""
-    data, model, exact = _problem(cfg)
+    builder called with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS`. Relative
+    paths in ``[data]`` start at ``base_dir`` (default: the working directory)."""
+    if "problem" in cfg:
+        (data, model, exact), tests, info = _problem(cfg), None, None
+    else:
+        data, tests, info = inputs.load_data(cfg["data"], base_dir)
+        model, exact = model_from_config(cfg, info, base_dir), None
     name, section = sampler_name(cfg), cfg["sampler"]
     run = _Run(name, data, model)
     params = _parameters(name)
@@ -270,38 +327,47 @@ def build(cfg: dict) -> dict[str, Any]:
         args[param], step = auto.auto_step(cfg["run"].get("seed", 0), name, args, model, data, args.get("mode"))
     entry = REGISTRY[name]
     sampler = entry.build(**args)
-    return {"data": data.pooled() if entry.pooled else data, "model": model, "exact": exact, "sampler": sampler,
-            "mode": args.get("mode"), "step": step}
+    return Built(data.pooled() if entry.pooled else data, model, exact, sampler, args.get("mode"), tests, info, step)
 
 
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
+    """Run a config file with the simulator into ``out``: ``config.toml`` (the text as given),
+    the chunks as they finish, then :func:`report`'s outputs. Nothing is written when the
+    config or its data are refused."""
+    path, out = Path(path), Path(out)
     cfg = load(path)
     started = time.perf_counter()
-    built = build(cfg)
-    if built["step"]["rule"] != "given":
-        print(auto.describe(built["step"]))
+    built = build(cfg, path.parent)
+    if built.step["rule"] != "given":
+        print(auto.describe(built.step))
     r = dict(cfg["run"])
-    model, exact = built["model"], built["exact"]
-    res = simulate(r.get("seed", 0), built["sampler"], built["data"], np.zeros(model.dim), r["num_iterations"],
+    check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1), r.get("chunk_size"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(path.read_text())
+    res = simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim), r["num_iterations"],
                    num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
                    chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress)
     return report(cfg, built, res, out, started)
 
 
-def report(cfg: dict, built: dict, res, out: str | Path, started: float, **extra) -> dict:
+def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extra) -> dict:
     """Write ``results.json``, ``posterior.nc`` and ``trace.png`` of a finished run to ``out``
     (shared by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are
-    added to ``results.json``."""
-    model, exact = built["model"], built["exact"]
+    added to ``results.json``. The errors against the exact posterior are there for a
+    ``[problem]``; ``inputs`` records a ``[data]`` run's data, whose outputs are those of
+    :func:`fedmcmc.app.outputs.write_run` (``summary.json``, rank and reliability plots too)."""
+    exact = built.exact
     mean = res.samples.mean(axis=(0, 1))
     var = res.samples.var(axis=(0, 1))
     payload = {
         "config": cfg,
-        "sampler": built["sampler"].name,
+        "sampler": built.sampler.name,
         "num_draws": int(res.samples.shape[1]),
-        "posterior_mean_error": float(np.linalg.norm(mean - exact.mean)),
-        "posterior_variance_ratio": float(np.mean(var) / exact.var),
-        "exact_posterior": {"variance": exact.var, "mean_norm": float(np.linalg.norm(exact.mean))},
+        "inputs": None if built.inputs is None else built.inputs._asdict(),
+        **({} if exact is None else {
+            "posterior_mean_error": float(np.linalg.norm(mean - exact.mean)),
+            "posterior_variance_ratio": float(np.mean(var) / exact.var),
+            "exact_posterior": {"variance": exact.var, "mean_norm": float(np.linalg.norm(exact.mean))}}),
         "upload_bits_per_chain": float(res.total_bits_up.mean()),
         "download_bits_per_chain": float(res.total_bits_down.mean()),
         "bits_per_iteration": float(res.total_bits_up.mean() / res.num_iterations),
@@ -309,29 +375,35 @@ def report(cfg: dict, built: dict, res, out: str | Path, started: float, **extra
                                      / max(res.samples.shape[1] // res.draws_per_round * res.thinning, 1)),
         "setup_bits_per_chain": float(res.setup_bits_up.mean() + res.setup_bits_down.mean()),
         "diagnostics": diagnostics.summary(res.samples),
-        "step": built["step"],
-        "theta_star": None if built["mode"] is None else {"rounds": built["mode"].rounds, "bits": built["mode"].bits},
+        "step": built.step,
+        "theta_star": None if built.mode is None else {"rounds": built.mode.rounds, "bits": built.mode.bits},
         "sampler_seconds": res.wall_seconds,
         "wall_seconds": time.perf_counter() - started,
         **extra,
     }
     out = Path(out)
     io.write_json(out / "results.json", payload)
-    io.write_posterior(out / "posterior.nc", {built["sampler"].name: res}, attrs={"config": cfg})
-    plot_trace(out / "trace.png", res.samples, exact)
+    if built.inputs is None:
+        io.write_posterior(out / "posterior.nc", {built.sampler.name: res}, attrs={"config": cfg})
+        plot_trace(out / "trace.png", res.samples, exact)
+    else:
+        payload["summary"] = outputs.write_run(out, cfg, built, res)
     return payload
 
 
 def plot_trace(path: Path, samples: np.ndarray, exact) -> None:
+    """Trace and histogram of ``theta[0]``, against the exact posterior when there is one."""
     fig, axes = figures.new_figure(ncols=2, figsize=(9, 3.2))
     k = 0
     for c in range(samples.shape[0]):
         axes[0].plot(samples[c, :, k], lw=0.6)
-    axes[0].axhline(exact.mean[k], color="k", ls="--", lw=1)
     axes[0].set_title("trace of theta[0] per chain")
     axes[0].set_xlabel("draw")
     axes[1].hist(samples[..., k].ravel(), bins=50, density=True, alpha=0.7)
-    grid = np.linspace(samples[..., k].min(), samples[..., k].max(), 200)
-    axes[1].plot(grid, np.exp(-0.5 * (grid - exact.mean[k]) ** 2 / exact.var) / np.sqrt(2 * np.pi * exact.var), "k--")
-    axes[1].set_title("theta[0]: samples vs exact posterior")
+    axes[1].set_title("theta[0]: samples" + ("" if exact is None else " vs exact posterior"))
+    if exact is not None:
+        axes[0].axhline(exact.mean[k], color="k", ls="--", lw=1)
+        grid = np.linspace(samples[..., k].min(), samples[..., k].max(), 200)
+        density = np.exp(-0.5 * (grid - exact.mean[k]) ** 2 / exact.var) / np.sqrt(2 * np.pi * exact.var)
+        axes[1].plot(grid, density, "k--")
     figures.save_figure(fig, path)

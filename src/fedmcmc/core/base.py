@@ -73,6 +73,10 @@ class Model(NamedTuple):
         Optional ``predict(theta, inputs) -> predictions`` for a batch of inputs: class
         probabilities ``[n, K]`` for classifiers, predictive means ``[n]`` for regression.
         Predictive metrics average it over posterior draws (the Bayesian model average).
+    layout
+        Optional :class:`fedmcmc.models.layout.ParamLayout` naming the blocks of ``theta``
+        (weight matrices, biases); outputs name the posterior's variables and dimensions
+        after it. None: ``theta`` is one vector.
     """
 
     log_likelihood: Callable[[Array, Any], Array]
@@ -80,6 +84,7 @@ class Model(NamedTuple):
     dim: int
     name: str = "model"
     predict: Callable[[Array, Any], Array] | None = None
+    layout: Any = None
 
 
 class CompressionInfo(NamedTuple):

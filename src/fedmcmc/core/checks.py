@@ -1,4 +1,4 @@
-"""The checks the builders (samplers, participation schemes) make of their settings, each written once.
+"""The checks the builders (samplers, participation schemes) and the drivers (a run's schedule) make of their settings, each written once.
 
 Each returns the value in the form the sampler uses, or raises a one-line :class:`ValueError`
 that names the setting, what it got and what to give instead.
@@ -94,3 +94,21 @@ def per_client_int(label: str, value) -> np.ndarray:
 def client_weights(weights) -> np.ndarray:
     """Client weights ``w_c``: positive, finite, summing to 1."""
     return per_client("client weights w_c", weights, sums_to_one=True, hint="; use FederatedData.weights for n_c / n")
+
+
+def check_schedule(num_iterations, num_chains, burn_in, thinning, chunk_size) -> int:
+    """A run's schedule checked (one line naming the problem and the fix); returns the chunk
+    size (default: as many rounds as fit in 10,000, a multiple of ``thinning``)."""
+    for label, value in (("num_iterations", num_iterations), ("num_chains", num_chains), ("thinning", thinning)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
+            raise ValueError(f"{label} must be a positive integer (got {value!r})")
+    if isinstance(burn_in, bool) or not isinstance(burn_in, (int, float)) or int(burn_in) != burn_in \
+            or not 0 <= burn_in < num_iterations:
+        raise ValueError(f"burn_in must be an integer in [0, num_iterations) (got {burn_in!r})")
+    if num_iterations % thinning:
+        raise ValueError(f"num_iterations ({num_iterations}) must be a multiple of thinning ({thinning})")
+    if chunk_size is None:
+        chunk_size = max(thinning, (min(num_iterations, 10_000) // thinning) * thinning)
+    if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or chunk_size % thinning or chunk_size < 1:
+        raise ValueError(f"chunk_size ({chunk_size}) must be a positive multiple of thinning ({thinning})")
+    return chunk_size

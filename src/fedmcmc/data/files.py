@@ -1,10 +1,12 @@
 """Readers of users' files: IDX, CSV, LIBSVM / svmlight and LEAF JSON.
 
-:func:`read_idx` / :func:`load_idx` read the MNIST IDX format, :func:`load_csv` delimited
-text, :func:`load_libsvm` the sparse LIBSVM / svmlight text format (e.g. the covtype file of
-the LIBSVM collection) and :func:`load_leaf_json` the per-user JSON of LEAF (Caldas et al.
+:func:`read_idx` / :func:`load_idx` read the MNIST IDX format, :func:`read_table` /
+:func:`load_csv` delimited text (a bad cell named by file, row and column), :func:`read_libsvm` /
+:func:`load_libsvm` the sparse LIBSVM / svmlight text format (e.g. the covtype file of the LIBSVM
+collection) and :func:`load_leaf_json` the per-user JSON of LEAF (Caldas et al.
 2018) and of the FedProx synthetic sets, keeping the natural partition by user. Each returns
-a classification :class:`~fedmcmc.data.dataset.Dataset` (LEAF: :class:`LeafData`).
+a classification :class:`~fedmcmc.data.dataset.Dataset` (LEAF: :class:`LeafData`); the ``read_*``
+functions return the numbers as written, for :mod:`fedmcmc.data.local` to check and encode.
 """
 
 from __future__ import annotations
@@ -114,27 +116,61 @@ def load_idx(images: str | os.PathLike, labels: str | os.PathLike,
 
 # --------------------------------------------------------------------------- CSV and LIBSVM
 
-def load_csv(path: str | os.PathLike, target: str | int, *, delimiter: str = ",", header: bool = True,
-             drop: Sequence[str | int] = (), name: str | None = None) -> Dataset:
-    """A :class:`Dataset` from a delimited text file of numeric features and one label column.
+class Table(NamedTuple):
+    """A delimited text file read as numbers: what :func:`read_table` returns.
 
-    Parameters
+    Attributes
     ----------
-    path
-        The file (pandas reads ``.gz``, ``.bz2``, ... transparently).
+    x
+        The feature columns, float64 ``[n, F]``, every value a finite number.
     target
-        The label column, by name (needs ``header=True``) or by position (negative counts
-        from the end). Its values, numbers or strings, become class indices ``0 .. K-1`` in
-        sorted order; ``Dataset.classes`` keeps the original values.
-    delimiter, header
-        Field separator; whether the first line holds column names.
-    drop
-        Columns (names or positions) to leave out, e.g. identifiers or text.
+        The target column's values as written (stripped strings) ``[n]``, none empty.
+    feature_names, target_name
+        Column names (positions as strings when the file has no header).
+    first_line
+        The file's line number of row 0 (2 below a header, else 1), for messages.
+    """
 
-    Raises
-    ------
-    ValueError
-        Unknown column, non-numeric feature columns, or missing values.
+    x: np.ndarray
+    target: np.ndarray
+    feature_names: tuple[str, ...]
+    target_name: str
+    first_line: int
+
+
+def where(path, row: int, first_line: int, column=None) -> str:
+    """``"PATH row R (line L), column C"``: a cell's place for messages (``row`` counts from 0)."""
+    place = f"{path} row {row + 1} (line {row + first_line})"
+    return place if column is None else f"{place}, column {column!r}"
+
+
+def numbers(cells: np.ndarray, path, columns: Sequence, first_line: int, fix: str) -> np.ndarray:
+    """Text cells ``[n, m]`` as float64, refusing the first (row-major) cell that is empty, not a
+    number, NaN or infinite with one line naming the file, row and column, and ``fix``."""
+    import pandas as pd
+
+    cells = np.asarray(cells, dtype=object)
+    cells = cells[:, None] if cells.ndim == 1 else cells
+    values = np.column_stack([pd.to_numeric(pd.Series(c, dtype=object), errors="coerce").to_numpy(np.float64)
+                              for c in cells.T]) if cells.size else np.zeros(cells.shape)
+    bad = np.argwhere(~np.isfinite(values))
+    if len(bad):
+        i, j = bad[0]
+        text = str(cells[i, j]).strip()
+        what = ("is empty (a missing value)" if text == "" else
+                f"{text!r} is not a finite number" if text.lower().lstrip("+-") in ("nan", "inf", "infinity")
+                else f"{text!r} is not a number")
+        raise ValueError(f"{where(path, int(i), first_line, columns[j])}: {what}; {fix}")
+    return values
+
+
+def read_table(path: str | os.PathLike, target: str | int, *, delimiter: str = ",", header: bool = True,
+               drop: Sequence[str | int] = ()) -> Table:
+    """A delimited text file as numeric features and one target column (see :class:`Table`).
+
+    ``target`` names the column, or gives its position (negative counts from the end);
+    ``drop`` leaves columns out (identifiers, text). A bad cell (empty, not a number, NaN or
+    infinite) is refused with one line naming the file, the row and the column.
     """
     import pandas as pd
 
@@ -142,7 +178,8 @@ def load_csv(path: str | os.PathLike, target: str | int, *, delimiter: str = ","
     if not path.is_file():
         raise FileNotFoundError(f"CSV file {path} does not exist")
     try:
-        frame = pd.read_csv(path, sep=delimiter, header=0 if header else None, skipinitialspace=True)
+        frame = pd.read_csv(path, sep=delimiter, header=0 if header else None, skipinitialspace=True, dtype=str,
+                            keep_default_na=False)
     except pd.errors.EmptyDataError as err:
         raise ValueError(f"{path} is empty") from err
     columns = list(frame.columns)
@@ -164,30 +201,40 @@ def load_csv(path: str | os.PathLike, target: str | int, *, delimiter: str = ","
     feature_cols = [c for c in columns if c != label and c not in dropped]
     if not feature_cols:
         raise ValueError(f"{path}: no feature columns left besides the target")
-    features = frame[feature_cols]
-    text = [c for c in feature_cols if not pd.api.types.is_numeric_dtype(features[c])]
-    if text:
-        raise ValueError(f"{path}: non-numeric feature columns {text}; encode them as numbers or leave them "
-                         "out with drop=[...]")
-    gaps = {c: int(n) for c, n in frame[feature_cols + [label]].isna().sum().items() if n}
-    if gaps:
-        raise ValueError(f"{path}: missing values (column: count) {gaps}; fill or remove those rows first")
-    y, classes = encode_labels(frame[label].to_numpy(), str(path))
-    return classification_set(features.to_numpy(np.float64), y, name or path.name,
-                    f"CSV file {path} (target {label!r})", len(classes), classes=classes)
+    first_line = 2 if header else 1
+    x = numbers(frame[feature_cols].to_numpy(object), path, feature_cols, first_line,
+                "fix the value, remove the row, or leave the column out with drop = [...]")
+    y = np.asarray([str(v).strip() for v in frame[label]], dtype=object)
+    empty = np.flatnonzero(y == "")
+    if len(empty):
+        raise ValueError(f"{where(path, int(empty[0]), first_line, label)}: the target is empty (a missing value); "
+                         "fill it or remove the row")
+    return Table(x, y, tuple(str(c) for c in feature_cols), str(label), first_line)
 
 
-def load_libsvm(path: str | os.PathLike, num_features: int | None = None, zero_based: bool | str = "auto",
-                name: str | None = None) -> Dataset:
-    """A :class:`Dataset` from a LIBSVM / svmlight sparse text file, as a dense float32 array.
+def load_csv(path: str | os.PathLike, target: str | int, *, delimiter: str = ",", header: bool = True,
+             drop: Sequence[str | int] = (), name: str | None = None) -> Dataset:
+    """A classification :class:`Dataset` from a delimited text file (:func:`read_table`).
 
-    Each line is ``label index:value index:value ...`` (Joachims 1999; Chang and Lin 2011);
-    indices are 1-based in the LIBSVM collection (``zero_based="auto"`` infers it). The
-    labels (e.g. 1..7 of covtype, or -1/+1) become ``0 .. K-1`` in sorted order, the original
-    values kept in ``Dataset.classes``. ``num_features`` fixes the width when the file does
-    not mention the last feature (e.g. to read a test file like its training file). Parsing
-    is scikit-learn's ``load_svmlight_file``; ``.gz`` and ``.bz2`` files are read directly.
+    The target's values, numbers or strings, become class indices ``0 .. K-1`` in sorted
+    order (numerically when they are all numbers); ``Dataset.classes`` keeps the original
+    values. Errors name the file, the row and the column (:func:`read_table`).
     """
+    table = read_table(path, target, delimiter=delimiter, header=header, drop=drop)
+    labels = table.target
+    try:
+        labels = labels.astype(np.float64)
+    except ValueError:
+        pass
+    y, classes = encode_labels(labels, str(path))
+    return classification_set(table.x, y, name or Path(path).name,
+                              f"CSV file {path} (target {table.target_name!r})", len(classes), classes=classes)
+
+
+def read_libsvm(path: str | os.PathLike, num_features: int | None = None,
+                zero_based: bool | str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """A LIBSVM / svmlight sparse text file as dense float64 inputs ``[n, F]`` and its labels
+    ``[n]`` (float64, as written). See :func:`load_libsvm` for the format and arguments."""
     from sklearn.datasets import load_svmlight_file
 
     path = Path(path)
@@ -203,8 +250,23 @@ def load_libsvm(path: str | os.PathLike, num_features: int | None = None, zero_b
     dense_bytes = x.shape[0] * x.shape[1] * 4
     if dense_bytes > 8 * 2**30:
         raise ValueError(f"{path}: the dense array would take {dense_bytes / 2**30:.1f} GiB; subsample the file first")
+    return x.toarray(), labels
+
+
+def load_libsvm(path: str | os.PathLike, num_features: int | None = None, zero_based: bool | str = "auto",
+                name: str | None = None) -> Dataset:
+    """A :class:`Dataset` from a LIBSVM / svmlight sparse text file, as a dense float32 array.
+
+    Each line is ``label index:value index:value ...`` (Joachims 1999; Chang and Lin 2011);
+    indices are 1-based in the LIBSVM collection (``zero_based="auto"`` infers it). The
+    labels (e.g. 1..7 of covtype, or -1/+1) become ``0 .. K-1`` in sorted order, the original
+    values kept in ``Dataset.classes``. ``num_features`` fixes the width when the file does
+    not mention the last feature (e.g. to read a test file like its training file). Parsing
+    is scikit-learn's ``load_svmlight_file``; ``.gz`` and ``.bz2`` files are read directly.
+    """
+    x, labels = read_libsvm(path, num_features, zero_based)
     y, classes = encode_labels(labels, str(path))
-    return classification_set(x.toarray(), y, name or path.name, f"LIBSVM file {path}", len(classes), classes=classes)
+    return classification_set(x, y, name or Path(path).name, f"LIBSVM file {path}", len(classes), classes=classes)
 
 
 # --------------------------------------------------------------------------- LEAF JSON

@@ -5,6 +5,8 @@ A sampler run gives draws ``theta[chain, draw, d]``; a :class:`fedmcmc.core.base
 (:func:`predict_draws`), and their average over draws is the Bayesian model average
 (:func:`bayes_average`, or :func:`predict_bma` without storing every draw), the Monte-Carlo
 estimate of the posterior predictive ``p(y | x, D) = int p(y | x, theta) pi(theta | D) dtheta``.
+:func:`pointwise_log_likelihood` gives ``log p(y_i | x_i, theta_s)`` of every draw and point
+(ArviZ's ``log_likelihood`` group, from which LOO and WAIC are computed).
 :func:`neg_log_posterior` gives the potential of every draw, whose quantiles define the HPD
 regions of :mod:`fedmcmc.evaluation.hpd`.
 """
@@ -67,6 +69,14 @@ def _jit_over_draws(predict):
     import jax
 
     return jax.jit(jax.vmap(predict, in_axes=(0, None)))
+
+
+@functools.lru_cache(maxsize=32)
+def _pointwise(log_likelihood):
+    """``(theta[B, d], data) -> [B, n]``, jitted once per log-likelihood function."""
+    import jax
+
+    return jax.jit(jax.vmap(jax.vmap(log_likelihood, in_axes=(None, 0)), in_axes=(0, None)))
 
 
 def predict_draws(model, samples, inputs, batch_size: int = 256) -> np.ndarray:
@@ -167,3 +177,38 @@ def neg_log_posterior(model, samples, data, batch_size: int = 256) -> np.ndarray
 
     fn = jax.jit(jax.vmap(potential))
     return _batched_over_draws(fn, _flat_draws(samples), batch_size).astype(np.float64)
+
+
+def pointwise_log_likelihood(model, samples, data, batch_size: int = 256) -> np.ndarray:
+    """``log p(datum_i | theta_s)`` of every draw and datum: the ``log_likelihood`` group of ArviZ.
+
+    Parameters
+    ----------
+    model
+        A :class:`fedmcmc.core.base.Model`.
+    samples
+        Draws ``[..., d]`` (e.g. ``[chain, draw, d]``); the leading axes are kept.
+    data
+        A pytree of arrays with leading axis ``n``, one datum per row as
+        ``model.log_likelihood`` takes it (``(x, y)`` for the regression and classification models).
+    batch_size
+        Number of draws evaluated at once.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[..., n]``, computed in float64 (draws and floating data converted): in float32 a point
+        predicted with near certainty gets a log-likelihood of exactly 0 for every draw
+        (``z - softplus(z)`` rounds to 0 for ``z > 17``), a constant column on which the Pareto
+        smoothing of LOO fails.
+    """
+    import jax
+
+    s = np.asarray(samples, np.float64)
+    fn = _pointwise(model.log_likelihood)
+    with jax.enable_x64(True):
+        data64 = jax.tree_util.tree_map(
+            lambda a: np.asarray(a, np.float64) if np.issubdtype(np.asarray(a).dtype, np.floating) else np.asarray(a),
+            data)
+        out = _batched_over_draws(lambda t: fn(t, data64), _flat_draws(s), batch_size)
+    return out.reshape(s.shape[:-1] + out.shape[-1:])

@@ -1,6 +1,9 @@
-"""The scalar predictive metrics of a classifier gathered for ``results.json``."""
+"""The scalar predictive metrics of a classifier gathered for ``results.json``, and any metric per
+client and over all clients' points (:func:`by_client`)."""
 
 from __future__ import annotations
+
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -69,3 +72,25 @@ def classification_report(probs, y, num_bins: int = 15, ref_probs=None, ood_prob
         out["auroc_entropy"] = auroc(h, h_ood)
         out["mean_entropy_ood"] = float(h_ood.mean())
     return out
+
+
+def by_client(metric: Callable[..., dict], parts: Sequence[tuple]) -> dict:
+    """``metric`` on each client's arrays and on all clients' together.
+
+    Parameters
+    ----------
+    metric
+        ``metric(*arrays) -> dict``, e.g. :func:`classification_report` on ``(probs, y)``.
+    parts
+        One tuple of arrays per client (leading axis: the client's points).
+
+    Returns
+    -------
+    dict
+        ``{"clients": [metric(*part) for part in parts], "overall": metric(*pooled)}``, where
+        ``pooled`` concatenates the clients' arrays position by position.
+    """
+    if not parts:
+        raise ValueError("no clients to report on")
+    pooled = tuple(np.concatenate(arrays) for arrays in zip(*parts))
+    return {"clients": [metric(*part) for part in parts], "overall": metric(*pooled)}

@@ -136,4 +136,4 @@ def lenet5(input_shape=(28, 28, 1), num_classes: int = 10, prior_scale: float = 
 
     h, w, c = shape
     return Model(log_likelihood, log_prior, layout.dim, name=f"lenet5-{h}x{w}x{c}-{activation}-{pooling}",
-                 predict=jax.jit(predict))
+                 predict=jax.jit(predict), layout=layout)

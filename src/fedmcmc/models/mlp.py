@@ -84,4 +84,4 @@ def mlp(input_dim: int, hidden=(100,), num_classes: int = 10, activation: str = 
 
     widths = "-".join(str(n) for n in (input_dim, *tuple(hidden), num_classes))
     return Model(log_likelihood, log_prior, layout.dim, name=f"mlp-{widths}-{activation}",
-                 predict=jax.jit(predict))
+                 predict=jax.jit(predict), layout=layout)

@@ -53,5 +53,5 @@ def multinomial_logistic_regression(num_features: int, num_classes: int, prior_s
         return jax.nn.softmax(logits(layout.unflatten(theta), flat_inputs(inputs, f, theta.dtype)), axis=-1)
 
     return Model(log_likelihood, log_prior, layout.dim, name="multinomial-logistic-regression",
-                 predict=jax.jit(predict))
+                 predict=jax.jit(predict), layout=layout)
 

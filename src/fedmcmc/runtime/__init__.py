@@ -5,8 +5,9 @@ that Flower carries (:mod:`fedmcmc.runtime.flower`); outputs in ArviZ's schema
 (:mod:`fedmcmc.runtime.io`)."""
 
 from fedmcmc.runtime.cpu import tune as tune_cpu
-from fedmcmc.runtime.io import to_inference_data, write_posterior
+from fedmcmc.runtime.io import HeldOut, stored_draws, to_inference_data, write_posterior
 from fedmcmc.runtime.records import DivergenceError, SimulationResult
 from fedmcmc.runtime.simulator import simulate
 
-__all__ = ["simulate", "SimulationResult", "DivergenceError", "tune_cpu", "to_inference_data", "write_posterior"]
+__all__ = ["simulate", "SimulationResult", "DivergenceError", "tune_cpu", "to_inference_data", "write_posterior",
+           "HeldOut", "stored_draws"]

@@ -1,13 +1,21 @@
-"""Outputs that the ecosystem reads: ArviZ InferenceData (netCDF) and JSON (figures: :mod:`fedmcmc.core.figures`)."""
+"""Outputs that the ecosystem reads: ArviZ InferenceData (netCDF) and JSON (figures: :mod:`fedmcmc.core.figures`).
+
+One run's InferenceData follows ArviZ's schema: ``posterior`` (one variable per named block of
+the model's :class:`~fedmcmc.models.layout.ParamLayout`, else ``theta[chain, draw, theta_dim]``),
+``sample_stats`` (``step_size`` and the bits and participations of each stored draw) and, given
+held-out points (:class:`HeldOut`), ``log_likelihood`` and ``observed_data`` over an ``obs``
+dimension with a ``client`` coordinate, so that ``az.loo`` and ``az.waic`` run on it.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import warnings
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -22,48 +30,162 @@ def _arviz():
     return arviz
 
 
+class HeldOut(NamedTuple):
+    """Held-out points and their pointwise log-likelihood under the stored draws.
+
+    Attributes
+    ----------
+    log_likelihood
+        ``[chain, draw, obs]``: ``log p(y_i | x_i, theta)`` of every stored draw
+        (:func:`stored_draws`) and held-out point.
+    y
+        ``[obs]``: the held-out targets (the ``observed_data``).
+    client
+        ``[obs]``: the client that holds each point.
+    """
+
+    log_likelihood: np.ndarray
+    y: np.ndarray
+    client: np.ndarray
+
+
+def _stride(num_draws: int, max_draws: int | None) -> int:
+    """Keep every ``stride``-th draw so that at most ``max_draws`` are stored."""
+    return 1 if not max_draws or num_draws <= max_draws else math.ceil(num_draws / max_draws)
+
+
+def stored_draws(result: SimulationResult, max_draws: int | None = None) -> np.ndarray:
+    """The draws ``[chain, draw, d]`` that :func:`to_inference_data` stores (thinned evenly to
+    at most ``max_draws``): the draws a :class:`HeldOut` log-likelihood is computed on."""
+    step = _stride(result.samples.shape[1], max_draws)
+    return result.samples[:, step - 1::step]
+
+
+def _window_sums(a: np.ndarray, step: int) -> np.ndarray:
+    """``[chain, draw]`` per-draw counts summed over each stored draw's window of ``step`` draws."""
+    kept = (a.shape[1] // step) * step
+    return a[:, :kept].reshape(a.shape[0], -1, step).sum(axis=2)
+
+
+def _variable_name(block: str) -> str:
+    """A block name as a netCDF variable name (``dense1/w`` -> ``dense1_w``)."""
+    return re.sub(r"\W", "_", block)
+
+
+def posterior_variables(draws: np.ndarray, layout=None, names: Sequence[str] | None = None):
+    """``(variables, dims, coords)`` of the ``posterior`` group for draws ``[chain, draw, d]``.
+
+    With a ``layout``, one variable per block, shaped as the block, with dimensions
+    ``<block>_dim_<k>``; otherwise ``theta`` with dimension ``theta_dim``, whose coordinate
+    values are ``names`` (e.g. feature names) when given.
+    """
+    d = draws.shape[-1]
+    if layout is None:
+        if names is not None and len(names) != d:
+            raise ValueError(f"{len(names)} parameter names for a parameter of dimension {d}")
+        coords = {} if names is None else {"theta_dim": [str(n) for n in names]}
+        return {"theta": draws}, {"theta": ["theta_dim"]}, coords
+    if layout.dim != d:
+        raise ValueError(f"the layout has dimension {layout.dim}, the draws {d}")
+    variables, dims = {}, {}
+    for block, sl, shape in zip(layout.names, layout.slices.values(), layout.block_shapes):
+        var = _variable_name(block)
+        variables[var] = draws[..., sl].reshape(draws.shape[:2] + shape)
+        dims[var] = [f"{var}_dim_{k}" for k in range(len(shape))]
+    return variables, dims, {}
+
+
+def flat_draws(posterior, layout=None) -> np.ndarray:
+    """The inverse of :func:`posterior_variables`: ``[chain, draw, d]`` from a ``posterior`` group."""
+    if layout is None:
+        return np.asarray(posterior["theta"].values)
+    parts = [np.asarray(posterior[_variable_name(b)].values) for b in layout.names]
+    return np.concatenate([p.reshape(p.shape[:2] + (-1,)) for p in parts], axis=-1)
+
+
+def _per_draw_stats(r: SimulationResult, step: int) -> dict:
+    return {"bits_up": _window_sums(r.bits_up, step), "bits_down": _window_sums(r.bits_down, step),
+            "active_clients": _window_sums(r.active, step)}
+
+
+def _one_run(r: SimulationResult, step: int, step_size, layout, names, held_out: HeldOut | None):
+    """The groups, dims and coords of one run's InferenceData."""
+    draws = r.samples[:, step - 1::step]
+    posterior, dims, coords = posterior_variables(draws, layout, names)
+    groups = {"posterior": posterior, "sample_stats": _per_draw_stats(r, step)}
+    if step_size is not None:
+        groups["sample_stats"]["step_size"] = np.full(draws.shape[:2], float(step_size))
+    if held_out is not None:
+        ll = np.asarray(held_out.log_likelihood)
+        n = np.shape(held_out.y)[0]
+        if ll.shape != draws.shape[:2] + (n,) or np.shape(held_out.client) != (n,):
+            raise ValueError(f"held-out log-likelihood of shape {ll.shape} for {draws.shape[:2]} stored draws and "
+                             f"{n} points (compute it on stored_draws(result, max_draws))")
+        groups.update(log_likelihood={"y": ll}, observed_data={"y": np.asarray(held_out.y)})
+        dims["y"] = ["obs"]
+        coords["obs"] = np.arange(n)
+    return groups, dims, coords
+
+
+def _several_runs(results: Mapping[str, SimulationResult], step: int):
+    """The groups, dims and coords of several runs stored along a ``method`` dimension."""
+    labels = list(results)
+    shapes = {results[k].samples.shape for k in labels}
+    if len(shapes) != 1:
+        raise ValueError(f"runs to store together must have the same [chain, draw, d] shape (got {shapes})")
+    per = [_per_draw_stats(results[k], step) for k in labels]
+    groups = {"posterior": {"theta": np.stack([results[k].samples[:, step - 1::step] for k in labels], axis=2)},
+              "sample_stats": {name: np.stack([p[name] for p in per], axis=2) for name in per[0]}}
+    dims = {"theta": ["method", "theta_dim"], **{name: ["method"] for name in per[0]}}
+    return groups, dims, {"method": labels}
+
+
 def to_inference_data(results: Mapping[str, SimulationResult], attrs: Mapping | None = None,
-                      max_draws: int | None = None):
+                      max_draws: int | None = None, *, step_size: float | None = None, layout=None,
+                      names: Sequence[str] | None = None, held_out: HeldOut | None = None):
     """Build an ArviZ InferenceData from one or more runs.
 
-    One run gives ``posterior.theta[chain, draw, theta_dim]`` and ``sample_stats`` with
-    ``bits_up``, ``bits_down`` and ``active_clients`` per draw. Several runs with the same
-    number of chains and draws (the methods of a study) share a ``method`` dimension.
-    ``max_draws`` thins the stored draws evenly to keep the file small (the thinning is
-    recorded in the attributes).
+    Parameters
+    ----------
+    results
+        ``{label: SimulationResult}``. One run gives the groups of the module docstring. Several
+        runs with the same number of chains, draws and dimensions (the methods of a study) give
+        ``posterior.theta[chain, draw, method, theta_dim]`` and the ``sample_stats`` of each
+        along the same ``method`` dimension.
+    attrs
+        The run's settings, stored as the InferenceData's attributes (``idata.attrs``;
+        containers as JSON); every group's attributes name the inference library (ArviZ's schema).
+    max_draws
+        Thin the stored draws evenly to at most this many per chain; the thinning is recorded
+        in the attributes, and the bits and participations of a stored draw are summed over the
+        draws it stands for.
+    step_size, layout, names, held_out
+        One run only: the step size (``sample_stats.step_size``), the model's layout and the
+        names of ``theta``'s coordinates (:func:`posterior_variables`), and the held-out points
+        (:class:`HeldOut`, computed on :func:`stored_draws`).
     """
     az = _arviz()
-    labels = list(results)
-    first = results[labels[0]]
-    n_draws = first.samples.shape[1]
-    step = 1 if not max_draws or n_draws <= max_draws else math.ceil(n_draws / max_draws)
-    sel = slice(step - 1, None, step)
-    attrs = dict(attrs or {})
-    attrs.update(stored_thinning=step, run_thinning=first.thinning, burn_in=first.burn_in,
-                 num_iterations=first.num_iterations)
-
-    def stats(r: SimulationResult):
-        return {"bits_up": r.bits_up[:, sel], "bits_down": r.bits_down[:, sel], "active_clients": r.active[:, sel]}
-
-    draw_coords = first.draw_iterations[sel]
-    if len(labels) == 1:
-        posterior = {"theta": first.samples[:, sel]}
-        sample_stats = stats(first)
-        dims = {"theta": ["theta_dim"]}
-        coords = {"draw": draw_coords}
+    first = next(iter(results.values()))
+    step = _stride(first.samples.shape[1], max_draws)
+    if len(results) == 1:
+        groups, dims, coords = _one_run(first, step, step_size, layout, names, held_out)
+    elif any(v is not None for v in (step_size, layout, names, held_out)):
+        raise ValueError("step_size, layout, names and held_out describe one run; store several runs without them")
     else:
-        shapes = {results[k].samples.shape for k in labels}
-        if len(shapes) != 1:
-            raise ValueError(f"runs to store together must have the same [chain, draw, d] shape (got {shapes})")
-        posterior = {"theta": np.stack([results[k].samples[:, sel] for k in labels], axis=2)}
-        per = [stats(results[k]) for k in labels]
-        sample_stats = {name: np.stack([p[name] for p in per], axis=2) for name in per[0]}
-        dims = {"theta": ["method", "theta_dim"], **{name: ["method"] for name in sample_stats}}
-        coords = {"draw": draw_coords, "method": labels}
+        groups, dims, coords = _several_runs(results, step)
+    coords["draw"] = first.draw_iterations[step - 1::step]
+    attrs = {**(attrs or {}), "stored_thinning": step, "run_thinning": first.thinning, "burn_in": first.burn_in,
+             "num_iterations": first.num_iterations}
     with warnings.catch_warnings():  # axes are explicit: many chains of few draws are not a mistake here
         warnings.filterwarnings("ignore", message="More chains")
-        return az.from_dict(posterior=posterior, sample_stats=sample_stats, dims=dims, coords=coords,
-                            attrs={k: _attr(v) for k, v in attrs.items()})
+        idata = az.from_dict(**groups, dims=dims, coords=coords, attrs={k: _attr(v) for k, v in attrs.items()})
+    from fedmcmc import __version__
+
+    for group in idata.groups():
+        if held_out is not None and group in ("log_likelihood", "observed_data"):  # which client holds each point
+            idata[group] = idata[group].assign_coords(client=("obs", np.asarray(held_out.client)))
+        idata[group].attrs.update(inference_library="fedmcmc", inference_library_version=__version__)
+    return idata
 
 
 def _attr(value):
@@ -76,11 +198,26 @@ def _attr(value):
 
 
 def write_posterior(path: str | os.PathLike, results: Mapping[str, SimulationResult],
-                    attrs: Mapping | None = None, max_draws: int | None = 2000) -> Path:
-    """Write ``posterior.nc`` (netCDF through h5netcdf) and return its path."""
+                    attrs: Mapping | None = None, max_draws: int | None = 2000, **one_run: Any) -> Path:
+    """Write ``posterior.nc`` (netCDF through h5netcdf) and return its path; ``one_run`` holds the
+    keyword arguments of :func:`to_inference_data` that describe one run."""
+    return write_netcdf(path, to_inference_data(results, attrs, max_draws, **one_run))
+
+
+def read_draws(path: str | os.PathLike, layout=None) -> np.ndarray:
+    """The stored draws ``[chain, draw, d]`` of a ``posterior.nc`` written for a model with ``layout``."""
+    posterior = _arviz().from_netcdf(str(path)).posterior
+    try:
+        return flat_draws(posterior, layout)
+    except KeyError as err:
+        raise ValueError(f"{path} holds no posterior variable {err.args[0]!r} of this model; was it written for "
+                         "another model?") from None
+
+
+def write_netcdf(path: str | os.PathLike, idata) -> Path:
+    """Write an InferenceData to ``path`` atomically (netCDF through h5netcdf) and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    idata = to_inference_data(results, attrs, max_draws)
     tmp = path.with_name(path.name + ".tmp")
     idata.to_netcdf(str(tmp), engine="h5netcdf")
     os.replace(tmp, path)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.core import xla
+from fedmcmc.core.checks import check_schedule
 from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
 from fedmcmc.runtime import cpu, round as rnd
@@ -270,17 +271,7 @@ def _kept(out: dict, done: int, length: int, thinning: int, burn_in: int) -> dic
 def _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size, out_dir, resume):
     """The run's settings checked (one line naming the problem and the fix): ``theta0`` as
     ``[num_chains, d]`` and the chunk size."""
-    for label, value in (("num_iterations", num_iterations), ("num_chains", num_chains), ("thinning", thinning)):
-        if int(value) != value or value < 1:
-            raise ValueError(f"{label} must be a positive integer (got {value!r})")
-    if int(burn_in) != burn_in or not 0 <= burn_in < num_iterations:
-        raise ValueError(f"burn_in must be an integer in [0, num_iterations) (got {burn_in!r})")
-    if num_iterations % thinning:
-        raise ValueError(f"num_iterations ({num_iterations}) must be a multiple of thinning ({thinning})")
-    if chunk_size is None:
-        chunk_size = max(thinning, (min(num_iterations, 10_000) // thinning) * thinning)
-    if chunk_size % thinning or chunk_size < 1:
-        raise ValueError(f"chunk_size ({chunk_size}) must be a positive multiple of thinning ({thinning})")
+    chunk_size = check_schedule(num_iterations, num_chains, burn_in, thinning, chunk_size)
     theta0 = jnp.asarray(theta0, jnp.float32)
     if theta0.ndim == 1:
         theta0 = jnp.broadcast_to(theta0, (num_chains,) + theta0.shape)

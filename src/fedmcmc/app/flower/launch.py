@@ -56,7 +56,7 @@ def _set_key(text: str, section: str, key: str, value) -> str:
 def num_clients(text: str) -> int:
     from fedmcmc.app import config as config_lib
 
-    return config_lib.from_text(text)[1]["data"].num_clients
+    return config_lib.from_text(text)[1].data.num_clients
 
 
 def run_sim(config_path, out, clients: int | None = None, resume: bool = False) -> dict:

@@ -28,9 +28,9 @@ from fedmcmc.runtime.flower.wire import encode_upload, items, pack, unpack
 from fedmcmc.runtime.records import save_npz
 from fedmcmc.runtime.round import chain_keys
 
-#: ``build(config_text) -> (cfg, built)``: the parsed config and the built run (``sampler``,
-#: ``data``, ``model``).
-Build = Callable[[str], "tuple[dict, dict]"]
+#: ``build(config_text) -> (cfg, built)``: the parsed config and the built run (a NamedTuple with
+#: at least ``sampler``, ``data`` and ``model``).
+Build = Callable[[str], "tuple[dict, Any]"]
 
 
 def config_hash(text: str) -> str:
@@ -50,7 +50,7 @@ def _shared_client(cfg_text: str, build: Build) -> dict:
     if key in _SHARED:
         return _SHARED[key]
     cfg, built = build(cfg_text)
-    s, b = built["sampler"], built["data"].num_clients
+    s, b = built.sampler, built.data.num_clients
 
     def init(ck, bc, data, ids):
         return rnd.client_init(s, ck, bc, data, ids)
@@ -71,7 +71,7 @@ def _shared_client(cfg_text: str, build: Build) -> dict:
 
         functions["setup"] = xla.jit(jax.vmap(setup, (0, 0, 0, None, None)))
         functions["receive"] = xla.jit(jax.vmap(partial(rnd.setup_receive, s)))
-    _SHARED[key] = {"cfg": cfg, "sampler": s, "data": built["data"], "dim": built["model"].dim,
+    _SHARED[key] = {"cfg": cfg, "sampler": s, "data": built.data, "dim": built.model.dim,
                     "functions": functions}
     if len(_SHARED) > 8:
         _SHARED.pop(next(iter(_SHARED)))

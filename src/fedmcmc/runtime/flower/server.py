@@ -72,7 +72,7 @@ class ServerRuntime:
         self.cfg_text = cfg_text
         self.cfg, self.built = build(cfg_text)
         self.flower = {**DEFAULTS, **self.cfg.get("flower", {})}
-        self.sampler, data = self.built["sampler"], self.built["data"]
+        self.sampler, data = self.built.sampler, self.built.data
         self.b = data.num_clients
         r = self.cfg["run"]
         self.seed, self.C = int(r.get("seed", 0)), int(r["num_chains"])
@@ -92,7 +92,7 @@ class ServerRuntime:
                                      (0, 0, 0, 0, None)))
         if s.setup is not None:
             self.setup = xla.jit(jax.vmap(lambda ck, ss, up: rnd.setup_server(s, ck, ss, up, b)))
-        d = self.built["model"].dim
+        d = self.built.model.dim
         self.theta0 = jnp.zeros((self.C, d), jnp.float32)
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
         ss, bc = jax.eval_shape(s.init, key, jax.ShapeDtypeStruct((d,), jnp.float32))

@@ -1,0 +1,85 @@
+"""Example inputs a user can look at and run: ``fedmcmc example NAME DIR`` writes them.
+
+``three-hospitals`` (docs/tutorial.md): three sites, each with its own CSV file of patients
+(the 30 features of the Wisconsin breast-cancer set shipped with scikit-learn, and a
+``diagnosis`` column, ``benign`` or ``malignant``), of different sizes and label balance, plus
+``new_patients.csv`` (rows no site holds) and ``hospitals.toml``, a run config of Bayesian
+logistic regression sampled by QLSD++ with 8-bit uploads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+#: Rows per site and the share of malignant rows at each: a small mostly benign clinic, a
+#: mixed hospital and a referral centre that sees mostly malignant cases.
+SITES = {"site_a.csv": (90, 0.15), "site_b.csv": (180, 0.4), "site_c.csv": (120, 0.7)}
+NEW_PATIENTS = 40
+
+HOSPITALS_TOML = """\
+# Bayesian logistic regression on three hospitals' own files (docs/tutorial.md)
+[data]
+files = ["site_a.csv", "site_b.csv", "site_c.csv"]   # one client per file, relative to this file
+target = "diagnosis"
+classes = ["benign", "malignant"]
+test_fraction = 0.2                                   # each site holds out a fifth of its rows
+standardise = true                                    # from the sites' counts, sums and sums of squares
+
+[model]
+name = "logistic"
+prior_scale = 1.0
+
+[sampler]
+name = "qlsd++"
+step_size = {step_size}
+compression = {{ bits = 8 }}
+batch_fraction = 0.2
+refresh_every = 10                                    # clients refresh their control variates every 10 rounds
+
+[run]
+seed = 0
+num_chains = 4
+num_iterations = 20000
+burn_in = 2000
+thinning = 20
+"""
+
+
+def three_hospitals(folder: str | Path, step_size: float | str = 0.05) -> list[Path]:
+    """Write the three sites' CSV files, ``new_patients.csv`` and ``hospitals.toml`` into ``folder``.
+
+    Rows are drawn without replacement (seed 0), so no patient is in two files.
+
+    Returns
+    -------
+    list of Path
+        The files written.
+    """
+    from sklearn.datasets import load_breast_cancer
+
+    bunch = load_breast_cancer(as_frame=True)
+    frame = bunch.frame.drop(columns="target")
+    frame["diagnosis"] = np.where(bunch.target == 0, "malignant", "benign")  # scikit-learn: 0 is malignant
+    rng = np.random.default_rng(0)
+    pools = {label: list(rng.permutation(np.flatnonzero(frame["diagnosis"] == label)))
+             for label in ("benign", "malignant")}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (rows, malignant) in SITES.items():
+        m = round(rows * malignant)
+        take = [pools["malignant"].pop() for _ in range(m)] + [pools["benign"].pop() for _ in range(rows - m)]
+        written.append(folder / name)
+        frame.iloc[rng.permutation(take)].to_csv(written[-1], index=False)
+    rest = rng.permutation(pools["benign"] + pools["malignant"])[:NEW_PATIENTS]
+    written.append(folder / "new_patients.csv")
+    frame.iloc[rest].to_csv(written[-1], index=False)
+    written.append(folder / "hospitals.toml")
+    written[-1].write_text(HOSPITALS_TOML.format(step_size=repr(step_size) if isinstance(step_size, str)
+                                                 else f"{step_size:g}"))
+    return written
+
+
+EXAMPLES = {"three-hospitals": three_hospitals}

@@ -1,0 +1,161 @@
+"""`fedmcmc run` on a practitioner's own files and model: [data] and [model] in the run config."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer
+
+from fedmcmc.app import config
+from fedmcmc.app.cli import main
+from fedmcmc.models import logistic_regression
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+CONFIG = """
+[data]
+{data}
+target = "label"
+classes = [0, 1]
+test_fraction = 0.2
+
+[model]
+{model}
+
+[sampler]
+name = "qlsd++"
+step_size = 1e-3
+batch_fraction = 0.2
+
+[run]
+seed = 0
+num_chains = 2
+num_iterations = 60
+"""
+THREE = 'files = ["site_a.csv", "site_b.csv", "site_c.csv"]'
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return load_breast_cancer(as_frame=True).frame.rename(columns={"target": "label"})
+
+
+def write(folder, frame, data=THREE, model='name = "logistic"', parts=None):
+    """Three hospitals: CSV files of different sizes and label balance, and the run config."""
+    parts = parts or {"site_a.csv": frame[frame.label == 0].iloc[:120], "site_b.csv": frame.iloc[200:260],
+                      "site_c.csv": frame[frame.label == 1].iloc[:150]}
+    for name, part in parts.items():
+        part.to_csv(folder / name, index=False)
+    path = folder / "run.toml"
+    path.write_text(CONFIG.format(data=data, model=model))
+    return path
+
+
+def test_three_csv_files_run_end_to_end(tmp_path, frame):
+    path = write(tmp_path, frame)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "fedmcmc", "run", str(path), "--out", str(out), "--no-progress",
+                           "--workers", "1"], capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "config.toml").read_text() == path.read_text()
+    results = json.loads((out / "results.json").read_text())
+    inputs = results["inputs"]
+    assert [c["n_train"] + c["n_test"] for c in inputs["clients"]] == [120, 60, 150]
+    assert [c["n_test"] for c in inputs["clients"]] == [24, 12, 30]
+    assert inputs["num_classes"] == 2 and inputs["class_names"] == ["0", "1"] and len(inputs["feature_names"]) == 30
+    assert len(inputs["scaling"]["mean"]) == 30 and results["num_draws"] == 60
+    assert "posterior_mean_error" not in results and (out / "posterior.nc").is_file()
+    assert (out / "summary.json").is_file()  # the outputs and predictions: tests/app/test_tutorial.py
+
+
+def test_built_from_text_in_the_configs_folder(tmp_path, frame):
+    path = write(tmp_path, frame, data='file = "all.csv"\npartition = { kind = "dirichlet", num_clients = 4, '
+                                       'alpha = 0.5 }', parts={"all.csv": frame})
+    cfg, built = config.from_text(path.read_text(), tmp_path)
+    assert built.data.num_clients == 4 and built.exact is None and len(built.tests) == 4
+    assert built.model.dim == 31 and built.step == {"value": 1e-3, "rule": "given"}
+    assert sum(c["n_train"] for c in built.inputs.clients) == built.data.total
+    again = config.model_from_config(cfg, built.inputs)
+    theta = jnp.linspace(-1, 1, 31)
+    datum = (built.data.x[0][0, 0], built.data.x[1][0, 0])
+    assert float(again.log_likelihood(theta, datum)) == float(built.model.log_likelihood(theta, datum))
+
+
+USER_MODEL = '''
+import fedmcmc
+from fedmcmc.models import logistic_regression
+
+
+def build(num_features, prior_scale=1.0):
+    base = logistic_regression(num_features, prior_scale)
+    return fedmcmc.Model(base.log_likelihood, base.log_prior, base.dim, "no-intercept", base.predict)
+
+
+def wrong(num_features):
+    return "a model"
+'''
+
+
+def test_a_users_model_function_next_to_the_config(tmp_path, frame):
+    (tmp_path / "hospital_model_ok.py").write_text(USER_MODEL)
+    path = write(tmp_path, frame, model='name = "hospital_model_ok:build"\nprior_scale = 2.0\ntemperature = 0.5')
+    _, built = config.from_text(path.read_text(), tmp_path)
+    assert built.model.dim == 30 and built.model.name == "no-intercept-T0.5"
+    reference = logistic_regression(30, 2.0)
+    theta, datum = jnp.full(30, 0.1), (built.data.x[0][0, 0], built.data.x[1][0, 0])
+    np.testing.assert_allclose(built.model.log_likelihood(theta, datum),
+                               2 * reference.log_likelihood(theta, datum), rtol=1e-6)
+
+
+def run_fails(capsys, path, *fragments):
+    """The CLI refuses the run: exit code 2, one line with the fragments, nothing in the output folder."""
+    out = path.parent / "out"
+    assert main(["run", str(path), "--out", str(out), "--no-progress", "--workers", "1"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedmcmc: error:"), lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert not out.exists()
+
+
+def test_bad_data_one_line_exit_2_nothing_written(tmp_path, frame, capsys):
+    good = {"site_a.csv": frame.iloc[:50], "site_b.csv": frame.iloc[50:90]}
+
+    def case(name, part, *fragments, data='files = ["site_a.csv", "site_b.csv"]', module=None, **kw):
+        folder = tmp_path / name
+        folder.mkdir()
+        if module:
+            (folder / f"model_{name}.py").write_text(module)
+        run_fails(capsys, write(folder, frame, data=data, parts={**good, "site_b.csv": part}, **kw), *fragments)
+
+    text = frame.iloc[50:90].astype(object)
+    text.iloc[6, 3] = "twelve"
+    case("text", text, "site_b.csv row 7 (line 8), column 'mean area': 'twelve' is not a number")
+    nan = frame.iloc[50:90].astype(object)
+    nan.iloc[2, 0] = float("nan")
+    case("nan", nan, "site_b.csv row 3 (line 4), column 'mean radius': is empty")
+    inf = frame.iloc[50:90].astype(object)
+    inf.iloc[4, 1] = float("inf")
+    case("inf", inf, "site_b.csv row 5 (line 6), column 'mean texture': 'inf' is not a finite number")
+    label = frame.iloc[50:90].copy()
+    label.iloc[9, -1] = 2
+    case("label", label, "site_b.csv row 10 (line 11), column 'label': label '2' is not among classes = [0, 1]")
+    case("target", frame.iloc[50:90].rename(columns={"label": "y"}), "site_b.csv: no target column 'label'")
+    case("features", frame.iloc[50:90].drop(columns=["worst area"]), "site_b.csv has inputs of shape [29]",
+         "site_a.csv has [30]")
+    case("empty", frame.iloc[:0], "site_b.csv holds no data rows")
+    case("split", frame.iloc[50:52], "site_b.csv: 2 row(s) leave an empty test part with test_fraction = 0.2")
+    case("module", frame.iloc[50:90], "cannot import 'no_such_module'", "next to the config file",
+         model='name = "no_such_module:build"')
+    case("return", frame.iloc[50:90], "returned str, not a fedmcmc.Model", model='name = "model_return:wrong"',
+         module=USER_MODEL)
+    case("key", frame.iloc[50:90], "unknown key(s) ['hidden'] in [model] for 'logistic'; allowed:",
+         model='name = "logistic"\nhidden = [3]')
+    case("needs", frame.iloc[50:90], "'model_needs:needs' needs ['depth']; set them in [model]",
+         model='name = "model_needs:needs"', module=USER_MODEL + "\n\ndef needs(num_features, depth):\n    pass\n")

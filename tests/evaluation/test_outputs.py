@@ -1,0 +1,188 @@
+"""The outputs a practitioner reads: the InferenceData against ArviZ's own checks, summary.json
+against the evaluation functions on the same draws, the convergence warnings, the regression
+predictive against closed forms."""
+
+import json
+import warnings
+from types import SimpleNamespace
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedmcmc import evaluation as ev
+from fedmcmc.app.outputs import write_outputs, write_run
+from fedmcmc.data import load_dataset, split_and_standardise
+from fedmcmc.evaluation import regression
+from fedmcmc.models import linear_regression, logistic_regression, multinomial_logistic_regression
+from fedmcmc.runtime import io
+from fedmcmc.runtime.records import SimulationResult
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", FutureWarning)
+    import arviz as az
+
+CLIENTS = 3
+
+
+class Inputs(NamedTuple):
+    """The fields of a run's inputs that its outputs read."""
+    task: str
+    feature_names: list
+    clients: list
+
+
+def result_of(samples, bits=100):
+    """A SimulationResult around given draws ``[chain, draw, d]`` (one round per draw)."""
+    c, n = samples.shape[:2]
+    ones = np.ones((c, n), np.int64)
+    return SimulationResult(samples, np.arange(1, n + 1), bits * ones, 2 * bits * ones, CLIENTS * ones, None,
+                            np.full(c, bits * n + 7), np.full(c, 2 * bits * n), n, 0, 1, 0.0)
+
+
+@pytest.fixture(scope="module")
+def breast_cancer():
+    """Three clients' held-out parts of breast-cancer, a logistic model and draws near its mode."""
+    from sklearn.linear_model import LogisticRegression
+
+    split = split_and_standardise(load_dataset("breast-cancer"), seed=0, test_fraction=0.3)
+    fit = LogisticRegression(C=1.0, fit_intercept=False, max_iter=1000).fit(split.x_train, split.y_train)
+    rng = np.random.default_rng(0)
+    draws = (fit.coef_[0] + 0.1 * rng.standard_normal((4, 120, 30))).astype(np.float32)
+    cuts = np.split(np.arange(len(split.y_test)), [40, 100])
+    tests = tuple((split.x_test[i].astype(np.float32), split.y_test[i]) for i in cuts)
+    return logistic_regression(30), draws, tests
+
+
+@pytest.fixture(scope="module")
+def written(breast_cancer, tmp_path_factory):
+    model, draws, tests = breast_cancer
+    out = tmp_path_factory.mktemp("run")
+    inputs = Inputs("classification", [f"f{i}" for i in range(30)], [])
+    built = SimpleNamespace(model=model, sampler=SimpleNamespace(name="qlsd++"), tests=tests, inputs=inputs,
+                            step={"value": 0.01, "rule": "given"})
+    lines = []
+    summary = write_run(out, {"sampler": {"step_size": 0.01}}, built, result_of(draws), echo=lines.append)
+    return out, summary, lines
+
+
+def test_inference_data_follows_the_schema_and_arviz_runs_on_it(written, breast_cancer):
+    out, _, _ = written
+    _, draws, tests = breast_cancer
+    idata = az.from_netcdf(out / "posterior.nc")
+    assert set(idata.groups()) == {"posterior", "sample_stats", "log_likelihood", "observed_data"}
+    theta = idata.posterior["theta"]
+    assert theta.dims == ("chain", "draw", "theta_dim") and list(theta["theta_dim"].values[:2]) == ["f0", "f1"]
+    assert {"step_size", "bits_up", "bits_down"} <= set(idata.sample_stats.data_vars)
+    np.testing.assert_array_equal(idata.sample_stats["step_size"].values, np.full((4, 120), 0.01))
+    ll = idata.log_likelihood["y"]
+    n = sum(len(y) for _, y in tests)
+    assert ll.dims == ("chain", "draw", "obs") and ll.shape == (4, 120, n)
+    np.testing.assert_array_equal(ll["client"].values, np.repeat([0, 1, 2], [len(y) for _, y in tests]))
+    np.testing.assert_array_equal(idata.observed_data["y"].values, np.concatenate([y for _, y in tests]))
+    assert json.loads(idata.attrs["config"]) == {"sampler": {"step_size": 0.01}}
+    assert json.loads(idata.attrs["step"]) == {"value": 0.01, "rule": "given"}
+    assert all(idata[g].attrs["inference_library"] == "fedmcmc" for g in idata.groups())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        loo, waic = az.loo(idata), az.waic(idata)
+    assert np.isfinite(loo.elpd_loo) and np.isfinite(waic.elpd_waic) and loo.n_data_points == n
+    assert az.summary(idata).shape[0] == 30 and az.rhat(idata)["theta"].shape == (30,)
+
+
+def test_log_likelihood_is_the_models_per_point_log_likelihood(written, breast_cancer):
+    out, _, _ = written
+    model, draws, tests = breast_cancer
+    ll = az.from_netcdf(out / "posterior.nc").log_likelihood["y"].values
+    x, y = tests[1]
+    offset = len(tests[0][1])
+    for c, d in [(0, 0), (3, 119), (2, 57)]:
+        direct = [float(model.log_likelihood(jnp.asarray(draws[c, d]), (x[i], y[i]))) for i in range(len(y))]
+        np.testing.assert_allclose(ll[c, d, offset:offset + len(y)], direct, rtol=1e-5, atol=1e-6)
+
+
+def test_summary_equals_the_evaluation_functions_on_the_same_draws(written, breast_cancer):
+    out, summary, _ = written
+    model, draws, tests = breast_cancer
+    assert json.loads((out / "summary.json").read_text())["predictive"] == json.loads(json.dumps(summary["predictive"]))
+    probs = [ev.bayes_average(ev.predict_draws(model, draws, x)) for x, _ in tests]
+    for p, (_, y), got in zip(probs, tests, summary["predictive"]["clients"]):
+        assert got["accuracy"] == ev.accuracy(p, y) and got["brier"] == pytest.approx(ev.brier(p, y), rel=1e-9)
+        assert got["nll"] == pytest.approx(ev.nll(p, y), rel=1e-9) and got["ece"] == pytest.approx(ev.ece(p, y), rel=1e-9)
+    y_all = np.concatenate([y for _, y in tests])
+    assert summary["predictive"]["overall"]["nll"] == pytest.approx(ev.nll(np.concatenate(probs), y_all), rel=1e-9)
+    rhat = np.asarray(az.rhat(az.convert_to_dataset(draws))["x"])
+    np.testing.assert_allclose([p["r_hat"] for p in summary["convergence"]["parameters"].values()], rhat, rtol=1e-12)
+    assert list(summary["convergence"]["parameters"])[:2] == ["theta[f0]", "theta[f1]"]
+    assert summary["bits"]["up_per_chain"] == 100 * 120 + 7 and summary["bits"]["down_per_round"] == 200
+    for name in ("trace.png", "rank.png", "reliability.png"):
+        assert (out / name).stat().st_size > 1000
+
+
+def test_warnings_fire_on_unmixed_chains_and_not_on_mixed_ones(tmp_path, breast_cancer):
+    rng = np.random.default_rng(1)
+    mixed = rng.standard_normal((4, 500, 2))
+    assert ev.convergence(mixed)["warnings"] == []
+    stuck = mixed[:2].copy()
+    stuck[1] += 3.0  # two chains in different places: R-hat far above 1.01
+    report = ev.convergence(stuck)
+    assert report["warnings"][0].startswith("R-hat > 1.01 (or undefined) for 2 of 2 parameters (worst x[")
+    few = ev.convergence(rng.standard_normal((2, 50, 2)))  # about 100 effective draws
+    assert [w[:14] for w in few["warnings"]] == ["bulk ESS < 400"]
+    model = breast_cancer[0]
+    lines = []
+    summary = write_outputs(tmp_path, result_of(np.repeat(stuck[..., :1], 30, axis=-1).astype(np.float32)), model,
+                            echo=lines.append)
+    assert summary["warnings"] and lines == [f"fedmcmc: warning: {w}" for w in summary["warnings"]]
+
+
+def test_a_models_layout_names_the_posterior_and_reads_back():
+    model = multinomial_logistic_regression(4, 3)
+    draws = np.random.default_rng(2).standard_normal((2, 6, model.dim)).astype(np.float32)
+    idata = io.to_inference_data({"run": result_of(draws)}, layout=model.layout)
+    assert set(idata.posterior.data_vars) == set(model.layout.names)
+    w = idata.posterior[model.layout.names[0]]
+    assert w.dims == ("chain", "draw", f"{model.layout.names[0]}_dim_0", f"{model.layout.names[0]}_dim_1")
+    np.testing.assert_array_equal(io.flat_draws(idata.posterior, model.layout), draws)
+
+
+def test_thinning_sums_each_stored_draws_bits():
+    r = result_of(np.zeros((2, 10, 1), np.float32))
+    r = r._replace(bits_up=np.arange(20).reshape(2, 10))
+    idata = io.to_inference_data({"run": r}, max_draws=3)  # every 4th draw: windows 0-3, 4-7
+    np.testing.assert_array_equal(idata.sample_stats["bits_up"].values, [[6, 22], [46, 62]])
+    np.testing.assert_array_equal(idata.posterior["draw"].values, [4, 8])
+
+
+def test_regression_interval_and_nll_against_the_gaussian_mixture():
+    rng = np.random.default_rng(3)
+    model = linear_regression(2, noise_scale=0.5)
+    draws = (np.array([1.0, -2.0]) + 0.1 * rng.standard_normal((2, 40, 2))).astype(np.float32)
+    x = rng.standard_normal((25, 2)).astype(np.float32)
+    y = x @ np.array([1.0, -2.0]) + 0.5 * rng.standard_normal(25)
+    mu, var = regression.predictive_draws(model, draws, x)
+    np.testing.assert_allclose(var, 0.25, rtol=1e-5)  # the noise read from the curvature is the model's
+    np.testing.assert_allclose(mu, draws.reshape(-1, 2) @ x.T, rtol=1e-5, atol=1e-5)
+    q = regression.mixture_quantiles(mu[:1], var[:1], [0.03, 0.97])  # one component: the normal's quantiles
+    np.testing.assert_allclose(q, stats.norm.ppf([[0.03], [0.97]], mu[:1], 0.5), atol=1e-6)
+    pred = ev.predictive_interval(model, draws, x, level=0.9)
+    cdf = stats.norm.cdf((pred.upper[None] - mu) / 0.5).mean(axis=0) - stats.norm.cdf((pred.lower[None] - mu) / 0.5).mean(axis=0)
+    np.testing.assert_allclose(cdf, 0.9, atol=1e-6)
+    got = ev.regression_report(model, draws, x, y, level=0.9)
+    density = stats.norm.pdf(y[None], mu, 0.5).mean(axis=0)
+    assert got["nll"] == pytest.approx(-np.log(density).mean(), rel=1e-5)
+    assert got["rmse"] == pytest.approx(np.sqrt(np.mean((mu.mean(axis=0) - y) ** 2)), rel=1e-6)
+    assert got["coverage"] == np.mean((pred.lower <= y) & (y <= pred.upper))
+
+
+def test_several_runs_share_a_method_dimension():
+    rng = np.random.default_rng(4)
+    runs = {"a": result_of(rng.standard_normal((2, 8, 3))), "b": result_of(rng.standard_normal((2, 8, 3)), bits=5)}
+    idata = io.to_inference_data(runs, {"experiment": "x"})
+    assert idata.posterior["theta"].dims == ("chain", "draw", "method", "theta_dim")
+    np.testing.assert_array_equal(idata.posterior["theta"].isel(method=1).values, runs["b"].samples)
+    np.testing.assert_array_equal(idata.sample_stats["bits_up"].isel(method=1).values, np.full((2, 8), 5))
+    with pytest.raises(ValueError, match="describe one run"):
+        io.to_inference_data(runs, step_size=0.1)
