@@ -52,9 +52,9 @@ def test_run_prints_and_records_the_chosen_step(tmp_path):
                                             ("fa-hmc", 'num_leapfrog = 3\nlocal_steps = 2\nclock = "leapfrog"')])
 def test_every_kind_of_step_is_set(sampler, extra):
     built = config.build(tomllib.loads(CONFIG.format(sampler=sampler, extra=extra)))
-    assert built["step"]["rule"] != "given" and np.all(np.asarray(built["step"]["value"]) > 0)
+    assert built.step["rule"] != "given" and np.all(np.asarray(built.step["value"]) > 0)
     given = config.build(tomllib.loads(CONFIG.format(sampler=sampler, extra=extra).replace('"auto"', "0.001")))
-    assert given["step"] == {"value": 0.001, "rule": "given"}
+    assert given.step == {"value": 0.001, "rule": "given"}
 
 
 def test_psgld_auto_is_one_clear_line(tmp_path):
