@@ -11,7 +11,7 @@ and ``[run]``. Relative file paths are relative to the config file's folder. Exa
 
     [sampler]
     name = "qlsd*"                    # a sampler of fedmcmc.samplers.REGISTRY
-    step_size = 4.9e-4
+    step_size = 4.9e-4                # or "auto": from the curvature at the mode (fedmcmc.app.step)
     batch_fraction = 0.1              # or batch_size = 10 (per client), omit for full batches
     compression = { bits = 8 }        # or { levels = 16 }, "none"
     participation = { p = 0.5, scaling = "inverse_probability" }
@@ -47,6 +47,7 @@ from fedmcmc.evaluation import diagnostics
 from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.runtime import io
 from fedmcmc.app import inputs, outputs, problems
+from fedmcmc.app import step as auto
 from fedmcmc.app.inputs import model_from_config
 from fedmcmc.compression import resolve_compressor
 from fedmcmc.samplers import ALIASES, REGISTRY
@@ -83,7 +84,8 @@ class Built(NamedTuple):
     inputs
         What the data were (:class:`fedmcmc.app.inputs.Inputs`); None for a ``[problem]``.
     step
-        How the step size was set: ``{"value": ..., "rule": "given"}``.
+        How the step size was set: ``{"value": ..., "rule": "given"}``, or with ``step_size = "auto"``
+        the record of :func:`fedmcmc.app.step.auto_step` (value, rule, curvature, rounds, bits).
     """
 
     data: Any
@@ -274,6 +276,8 @@ def _validate_sampler(cfg: dict) -> None:
         why = [_MUST_SET.get(name, {}).get(key) for key in missing]
         raise ConfigError(f"[sampler] {name} needs {', '.join(missing)}"
                           + "".join(f"; {text}" for text in why if text))
+    if isinstance(section.get("step_size"), str) and section["step_size"] != "auto":
+        raise ConfigError(f'[sampler] step_size must be a positive number or "auto" (got {section["step_size"]!r})')
     for param, p in _parameters(name).items():
         key = _RENAMED.get(param, param)
         if isinstance(p.default, bool) and key in section and not isinstance(section[key], bool):
@@ -317,10 +321,13 @@ def build(cfg: dict, base_dir: str | Path | None = None) -> Built:
     args = {param: _ARGUMENTS[param].make(section, run) for param in made}
     args.update({param: section[_RENAMED.get(param, param)] for param in params
                  if param not in _ARGUMENTS and _RENAMED.get(param, param) in section})
+    step = {"value": section.get("step_size"), "rule": "given"}
+    if section.get("step_size") == "auto":
+        param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
+        args[param], step = auto.auto_step(cfg["run"].get("seed", 0), name, args, model, data, args.get("mode"))
     entry = REGISTRY[name]
     sampler = entry.build(**args)
-    return Built(data.pooled() if entry.pooled else data, model, exact, sampler, args.get("mode"), tests, info,
-                 {"value": section.get("step_size"), "rule": "given"})
+    return Built(data.pooled() if entry.pooled else data, model, exact, sampler, args.get("mode"), tests, info, step)
 
 
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
@@ -331,6 +338,8 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     cfg = load(path)
     started = time.perf_counter()
     built = build(cfg, path.parent)
+    if built.step["rule"] != "given":
+        print(auto.describe(built.step))
     r = dict(cfg["run"])
     check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1), r.get("chunk_size"))
     out.mkdir(parents=True, exist_ok=True)

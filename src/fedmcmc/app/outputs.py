@@ -134,10 +134,11 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
 def write_run(out, cfg: dict, built, result: SimulationResult, echo: Callable[[str], None] | None = None) -> dict:
     """:func:`write_outputs` for a run of ``[data]`` + ``[model]``, from what
     :func:`fedmcmc.app.config.build` returns (its ``model``, ``sampler``, ``tests``, ``inputs``
-    and ``step``); the config, the inputs and the step rule are the settings."""
-    inputs = built.inputs
+    and ``step``); the config, the inputs and the step rule are the settings (a step per client,
+    DG-SGLD's, is in the settings only: ``sample_stats.step_size`` holds one number)."""
+    inputs, step = built.inputs, built.step.get("value")
     return write_outputs(out, result, built.model, label=built.sampler.name, tests=built.tests, task=inputs.task,
-                         feature_names=inputs.feature_names, step_size=built.step.get("value"), echo=echo,
+                         feature_names=inputs.feature_names, step_size=step if np.ndim(step) == 0 else None, echo=echo,
                          settings={"config": cfg, "inputs": inputs._asdict(), "step": built.step})
 
 

@@ -13,8 +13,11 @@ the Gaussian surrogates of its density.
 * :mod:`~fedmcmc.estimators.conducive` -- conducive gradients of CG-DSGLD (``conducive.conducive``).
 * :mod:`~fedmcmc.estimators.surrogates` -- Gaussian surrogates of a client's density for
   CG-DSGLD: :func:`taylor`, :func:`laplace`, :func:`sgld_moments`.
+* :mod:`~fedmcmc.estimators.curvature` -- the extreme eigenvalues of the potential's Hessian at
+  the mode by federated power iteration (``curvature.curvature``; ``step_size = "auto"``).
 
-The wrappers live in the submodules of their name (``svrg``, ``scaffold``, ``conducive``), which
+The wrappers and the curvature live in the submodules of their name (``svrg``, ``scaffold``,
+``conducive``, ``curvature``), which
 this face does not shadow with their functions.
 """
 

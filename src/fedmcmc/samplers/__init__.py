@@ -4,7 +4,9 @@
 :class:`Registered`: its public builder, one line on what it is, and whether it runs on the
 pooled data. The run config (:mod:`fedmcmc.app.config`) derives the keys a ``[sampler]``
 section may and must set from the builders' signatures, and the conformance tests run every
-registered sampler, so a new sampler is one module and one registry line.
+registered sampler, so a new sampler is one module and one registry line (and one line of
+:data:`fedmcmc.samplers.steps.RULES`, its step for ``step_size = "auto"``; a test checks that
+every registered name has one).
 """
 
 from typing import Callable, NamedTuple

@@ -1,0 +1,55 @@
+"""``step_size = "auto"`` in a ``[sampler]`` section: the step from the curvature at the mode.
+
+The federated mode (:func:`fedmcmc.estimators.gradients.find_mode`, reused when the sampler
+already needs it) and the largest eigenvalue of the potential's Hessian there
+(:func:`fedmcmc.estimators.curvature.curvature`, one federated round per Hessian-vector
+product) feed the sampler's rule (:data:`fedmcmc.samplers.steps.RULES`, documented per sampler
+in that module). The record says what was chosen and what it cost: the power iterations'
+rounds and bits, plus the mode's when it was found for the step alone (a sampler that needs the
+mode, QLSD*, counts it as ``theta_star`` in ``results.json``).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from fedmcmc.estimators import curvature as curvature_lib
+from fedmcmc.estimators import gradients
+from fedmcmc.samplers import REGISTRY
+from fedmcmc.samplers.steps import Setting, auto_step as rule_step
+
+#: Round budgets and tolerance of the power iterations (lambda_max, then lambda_min).
+MAX_ROUNDS, MAX_ROUNDS_SMALLEST, TOL = 200, 100, 1e-3
+
+
+def auto_step(seed: int, name: str, args: dict, model, data, mode=None) -> tuple[object, dict]:
+    """The step of registered sampler ``name`` with builder arguments ``args`` on ``data``.
+
+    ``seed`` keys the power iterations' start vectors; ``mode`` is the sampler's own mode, if it
+    has one (else the mode is found here and its cost added to the step's). Returns
+    ``(value, record)``: the step (a float, or one per client for DG-SGLD) and
+    ``{"value", "rule", "lambda_max", "lambda_min", "converged", "rounds", "bits"}`` (``bits`` up
+    and down; ``converged``: whether the power iterations met their tolerance).
+    """
+    counts = np.asarray(data.counts, np.int64)
+    if REGISTRY[name].pooled:
+        counts = counts.sum(keepdims=True)
+    rule_step(name, Setting(1.0, None, args, counts, int(model.dim)))  # a refusal before any round
+    own = mode is None
+    mode = gradients.find_mode(model, data) if own else mode
+    found = curvature_lib.curvature(jax.random.key(seed), model, data, mode.theta, max_rounds=MAX_ROUNDS, tol=TOL,
+                                    smallest=True, max_rounds_smallest=MAX_ROUNDS_SMALLEST)
+    value, formula = rule_step(name, Setting(found.lambda_max, found.lambda_min, args, counts, int(model.dim)))
+    rounds, bits = found.rounds + own * mode.rounds, found.bits_up + found.bits_down + own * mode.bits
+    record = {"value": np.asarray(value).tolist(), "rule": formula, "lambda_max": found.lambda_max,
+              "lambda_min": found.lambda_min, "converged": found.converged, "rounds": rounds, "bits": bits}
+    return value, record
+
+
+def describe(record: dict) -> str:
+    """One line for the terminal."""
+    value = record["value"]
+    shown = f"{value:.4g}" if isinstance(value, float) else "[" + ", ".join(f"{v:.4g}" for v in value) + "]"
+    return (f"step_size = auto: {shown} by {record['rule']}, lambda_max = {record['lambda_max']:.4g} "
+            f"({record['rounds']} rounds, {record['bits']} bits)")

@@ -1,0 +1,146 @@
+"""The curvature of the posterior potential at the federated mode, by federated Hessian-vector
+power iteration.
+
+With ``U(theta) = U_0(theta) + sum_c U_c(theta)`` (``U_0 = -log prior``, ``U_c`` client ``c``'s
+negative log-likelihood) and ``H = nabla^2 U(theta*)``, one *round* computes ``H v``:
+
+* the server broadcasts ``v`` (``d`` float32 values to each of the ``b`` clients: ``32 d b``
+  bits down);
+* client ``c`` returns ``H_c v = nabla^2 U_c(theta*) v`` of its own data (``32 d`` bits up
+  each), by forward-over-reverse differentiation (``jax.jvp`` of ``jax.grad``), without ever
+  forming ``H_c``;
+* the server adds the prior's ``H_0 v`` (no communication) and sums.
+
+The power iteration ``v <- H v / ||H v||`` from a random start gives ``lambda_max`` as the
+Rayleigh quotient ``v' H v``, which increases to it; it stops when two successive quotients
+agree to ``tol`` (relative). The smallest eigenvalue follows from the same iteration on the
+shifted matrix ``lambda_max I - H`` (same rounds: the shift is the server's), whose largest
+eigenvalue is ``lambda_max - lambda_min``. That iteration converges slowly when ``H`` is
+ill-conditioned (its ratio of leading eigenvalues is close to 1), so it runs under its own
+round budget and reports whether it converged; the step-size rules use ``lambda_max`` only,
+``lambda_min`` is what sets how many iterations a chain needs (``1 / (gamma lambda_min)``
+for Langevin dynamics).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedmcmc.core.base import ClientData, Model
+from fedmcmc.data.federated import FederatedData
+from fedmcmc.estimators.gradients import valid_weights
+
+
+class Curvature(NamedTuple):
+    """Extreme eigenvalues of ``nabla^2 U(theta*)`` and what estimating them cost.
+
+    Attributes
+    ----------
+    lambda_max
+        The largest eigenvalue (a lower bound that converged to ``tol``).
+    lambda_min
+        The smallest eigenvalue (an upper bound), or None if not estimated.
+    converged
+        Whether each iteration met its tolerance within its rounds (``lambda_min``'s included
+        when estimated).
+    rounds
+        Federated rounds: one Hessian-vector product each.
+    bits_up, bits_down
+        ``32 d b`` bits per round each way (every client returns ``H_c v``, receives ``v``).
+    """
+
+    lambda_max: float
+    lambda_min: float | None
+    converged: bool
+    rounds: int
+    bits_up: int
+    bits_down: int
+
+
+def client_hvp(model: Model, theta, client_data: ClientData, v):
+    """``nabla^2 U_c(theta) v`` on client ``c``'s real rows, forward over reverse."""
+    n_max = jax.tree_util.tree_leaves(client_data.x)[0].shape[0]
+    weights = valid_weights(client_data.count, n_max)
+
+    def grad_u(t):
+        return jax.grad(lambda s: -jnp.sum(weights * jax.vmap(model.log_likelihood, (None, 0))(s, client_data.x)))(t)
+
+    return jax.jvp(grad_u, (theta,), (v,))[1]
+
+
+def federated_hvp(model: Model, data: FederatedData, theta) -> Callable:
+    """``v -> H v`` at ``theta``: the clients' ``H_c v`` (under ``vmap``, as the simulator runs
+    them) summed by the server, plus the prior's ``H_0 v``. One call is one round."""
+    theta = jnp.asarray(theta, jnp.float32)
+    clients = data.clients()
+
+    def prior_hvp(v):
+        return jax.jvp(jax.grad(lambda t: -model.log_prior(t)), (theta,), (v,))[1]
+
+    @jax.jit
+    def hvp(v):
+        products = jax.vmap(client_hvp, in_axes=(None, None, 0, None))(model, theta, clients, v)
+        return jnp.sum(products, axis=0) + prior_hvp(v)
+
+    return hvp
+
+
+def power_iteration(key, matvec: Callable, dim: int, max_iterations: int, tol: float):
+    """The largest eigenvalue of a symmetric positive semi-definite operator ``matvec``.
+
+    Returns ``(eigenvalue, iterations, converged)``: the last Rayleigh quotient ``v' A v``
+    (``||v|| = 1``), the number of products used, and whether two successive quotients
+    agreed to ``tol`` relatively. The start ``v`` is standard normal from ``key``.
+    """
+    v = jax.random.normal(key, (dim,), jnp.float32)
+    v = v / jnp.linalg.norm(v)
+    previous = None
+    for i in range(1, max_iterations + 1):
+        w = np.asarray(matvec(v), np.float64)
+        quotient = float(np.dot(np.asarray(v, np.float64), w))
+        norm = float(np.linalg.norm(w))
+        if not np.isfinite(norm):
+            raise ValueError(f"the Hessian-vector product is not finite after {i} rounds; is the mode finite?")
+        if norm == 0.0 or (previous is not None and abs(quotient - previous) <= tol * abs(quotient)):
+            return quotient, i, True
+        previous = quotient
+        v = jnp.asarray(w / norm, jnp.float32)
+    return previous, max_iterations, False
+
+
+def curvature(key, model: Model, data: FederatedData, theta, max_rounds: int = 200, tol: float = 1e-4,
+              smallest: bool = False, max_rounds_smallest: int = 200) -> Curvature:
+    """Estimate the extreme eigenvalues of ``nabla^2 U(theta)`` by federated power iteration.
+
+    Parameters
+    ----------
+    key
+        Start vectors: ``fold_in(key, 0)`` for ``lambda_max``, ``fold_in(key, 1)`` for ``lambda_min``.
+    model, data
+        The potential ``U = -log prior - sum_c sum_j log p(x_cj | theta)``.
+    theta
+        Where (the federated mode, :func:`fedmcmc.estimators.gradients.find_mode`).
+    max_rounds, tol
+        Round budget and relative tolerance of the iteration for ``lambda_max``.
+    smallest, max_rounds_smallest
+        Also estimate ``lambda_min`` (shifted iteration), with its own round budget.
+    """
+    if int(max_rounds) != max_rounds or max_rounds < 2:
+        raise ValueError(f"max_rounds must be an integer >= 2 (got {max_rounds!r})")
+    if not 0 < tol < 1:
+        raise ValueError(f"tol must lie in (0, 1) (got {tol!r})")
+    hvp = federated_hvp(model, data, theta)
+    d = int(model.dim)
+    top, rounds, converged = power_iteration(jax.random.fold_in(key, 0), hvp, d, int(max_rounds), tol)
+    low = None
+    if smallest:
+        shifted = lambda v: top * v - hvp(v)  # noqa: E731 -- the server's shift, no extra round
+        gap, extra, converged_low = power_iteration(jax.random.fold_in(key, 1), shifted, d,
+                                                    int(max_rounds_smallest), tol)
+        low, rounds, converged = top - gap, rounds + extra, converged and converged_low
+    bits = rounds * data.num_clients * 32 * d
+    return Curvature(top, low, converged, rounds, bits, bits)

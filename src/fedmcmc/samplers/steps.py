@@ -1,0 +1,210 @@
+"""Step sizes from the curvature at the mode: one rule per registered sampler (``step_size = "auto"``).
+
+Every rule takes ``lambda_max = L``, the largest eigenvalue of ``nabla^2 U(theta*)``
+(:func:`fedmcmc.estimators.curvature.curvature`; the model's temperature is inside ``U``, so it
+is inside ``L``), and the sampler's builder arguments, and returns the step.
+
+**The accuracy target.** For a Gaussian target of precision ``lambda``, Langevin's Euler step
+``theta - gamma grad U + sqrt(2 gamma) Z`` (ULA) has the stationary variance
+
+    1 / (lambda (1 - gamma lambda / 2)),
+
+too wide by the factor ``(1 - gamma lambda / 2)^(-1/2)`` in standard deviation, most in the
+stiffest direction. A marginal's variance is a mixture of the eigen-directions' variances, so
+no marginal is inflated more than the stiffest direction. The rules keep that inflation at
+:data:`STD_INFLATION` (2%): ``gamma L / 2 <= E``, ``E = 1 - (1 + 0.02)^(-2) = 0.0388``. A gradient
+noise of variance ``s^2`` per coordinate adds ``gamma s^2 / 2`` to the relative variance
+(``x' = (1 - gamma lambda) x + gamma xi + sqrt(2 gamma) Z`` has variance
+``(1 + gamma s^2 / 2) / (lambda (1 - gamma lambda / 2))``); a rule writes it as ``s^2 = kappa L``
+and asks ``gamma L (1 + kappa) / 2 <= E``:
+
+    gamma = 2 E / (L (1 + kappa)).                                                  (R1)
+
+Leapfrog with step ``eta`` leaves ``p^2 / 2 + (lambda / 2)(1 - eta^2 lambda / 4) q^2`` invariant
+on a Gaussian, so unadjusted HMC with fresh momenta has ``q``'s variance
+``1 / (lambda (1 - eta^2 lambda / 4))`` for any number of leapfrog steps: ULA's with
+``gamma = eta^2 / 2``, and ``eta = sqrt(2 gamma)`` from (R1).
+
+**The rules** (``kappa``'s terms are the paper's where it has them; ``w_i = N_i / N``, ``p_i``
+client ``i``'s participation probability, ``omega_i`` its compressor's variance factor,
+``n_i`` its batch of ``N_i`` points):
+
+* QLSD*, LSD*, QLSD++, LSD++ (Vono et al. 2022, Theorems S6 and 3): (R1) with the variance
+  bound of the compressed control-variate gradients, ``E||G - grad U||^2 <= M~ <theta - theta*,
+  grad U(theta) - grad U(theta*)>`` (their (S37)) with
+  ``M~ = M_bar max_i {omega_i N_i + (omega_i + 1)(N_i (1 - p_i) / p_i + A_i)}``,
+  ``A_i = N_i (N_i - n_i) / (n_i (N_i - 1))``, and the per-point smoothness ``M_bar`` taken as
+  ``L / N``: ``kappa = M~ / L``. Then ``gamma = 2 E / (L + M~)``, ``2 E`` times their
+  ``gamma_bar_2 = 1 / (m + L + M~)`` without ``m``. QLSD++ also keeps Theorem 3's
+  ``gamma <= alpha / (3 m)`` (``alpha`` the memory rate) when ``lambda_min = m`` is given.
+* QLSD# (Theorem S5) and SGLD: (R1) with the compression and participation terms as above and
+  the minibatch noise of a gradient summed over ``N`` points from ``n``, whose covariance is
+  ``(N / n - 1)`` times the Fisher information (= the Hessian at the mode):
+  ``kappa += N / n - 1``. QLSD#'s bias from the clients' gradients at the mode (``omega B*``,
+  their Table 2) is not a matter of curvature; no step removes it (use QLSD* or QLSD++).
+* FA-HMC, FA-LD (Liang et al. 2024; Deng et al. 2021): ``eta = 2 sqrt(E / D)``,
+  ``D = S min(K, S) L + K (N / n - 1) L + K sigma^2 + 4 omega S^2 L``, from the relative variance
+  inflations of: a round of ``S`` leapfrog steps taken on heterogeneous local potentials (each
+  client's private momentum and own curvature carry it away from the others until the round
+  ends), bounded by treating the round as one step of the dynamics it integrates: ballistic
+  within a trajectory of ``K`` steps, a leapfrog step of ``S eta`` if ``K >= S``
+  (``(S eta)^2 L / 4``), and ``S / K`` Langevin steps of ``(K eta)^2 / 2`` otherwise
+  (``S K eta^2 L / 4``; FA-LD, ``K = 1``: ``T`` steps of ULA as one); minibatch and simulated
+  gradient noise heating the momentum over a trajectory (``K eta^2 s^2 / 4``); and compressing
+  the round's move ``eta S p`` (``omega eta^2 S^2 L``). The paper's condition on the same
+  quantities, ``(K eta)^2 <= C eps^2 / (d T^2 (1 - rho) N)`` (Proposition 4.3, ``C`` unknown),
+  also shrinks the step with the steps per round; its proofs' ``K eta <= 1 / sqrt(L)`` is a
+  contraction condition, which the rule does not impose.
+* DSGLD and CG-DSGLD (Ahn et al. 2014; El Mekkaoui et al. 2021): the local step is ``h / 2``
+  on the shard's potential ``-log p - (1 / f_s) log p(x_s | theta)``, whose curvature is about
+  ``(w_s / f_s) L``, with minibatch noise ``kappa_s = (N_s / m_s - 1) w_s / f_s^2``:
+  ``h = 4 E / (L max_s (w_s / f_s + kappa_s) V)``. A visit of ``V`` (``local_steps``) steps
+  follows one shard, the bias conducive gradients cure exactly only with exact surrogates
+  (Gaussian models); Taylor or Laplace surrogates of another likelihood are exact at the mode
+  only, so for both samplers a visit is bounded as FA-HMC's round, as one step of ``V h / 2``.
+* DG-SGLD (Plassier et al. 2021): client ``i``'s step on ``U_i(z) + ||z - theta||^2 / (2 rho_i)``,
+  whose curvature is at most ``L + 1 / rho_i`` (``nabla^2 U_i <= nabla^2 U`` for convex terms):
+  ``gamma_i = 2 E / (L (1 + kappa_i) + 1 / rho_i)``, ``kappa_i = N_i / n_i - 1``.
+* FedAvg (McMahan et al. 2017), an optimiser: gradient descent's ``1 / L`` on the clients'
+  averaged objective ``sum_c w_c F_c = U / N``, i.e. ``learning_rate = N / L``.
+* pSGLD has none: its step is relative to an RMSprop preconditioner built from the gradients
+  along the run, which the curvature at the mode does not determine.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from fedmcmc.samplers.trajectories import steps_per_round
+
+#: The largest marginal standard-deviation inflation a rule allows (discretisation and noise).
+STD_INFLATION = 0.02
+#: ``E``: the admissible ``gamma L / 2`` of ULA for that inflation.
+E = 1.0 - (1.0 + STD_INFLATION) ** -2
+
+
+class Setting(NamedTuple):
+    """What a rule reads: the curvature, the sampler's builder arguments, and the data's sizes.
+
+    ``lambda_min`` is None when not estimated; ``counts`` are the clients' ``N_i`` (one entry for a
+    pooled sampler).
+    """
+
+    lambda_max: float
+    lambda_min: float | None
+    args: dict
+    counts: np.ndarray
+    dim: int
+
+
+def _omega(s: Setting) -> np.ndarray:
+    compressor = s.args.get("compressor")
+    omega = 0.0 if compressor is None else compressor.omega(s.dim)
+    return np.broadcast_to(np.asarray(omega, np.float64), s.counts.shape)
+
+
+def _batch(s: Setting) -> np.ndarray:
+    """``n_i``: the batch of each client (``N_i`` for full batches; a pooled batch is the total)."""
+    batch = s.args.get("batch_size")
+    if batch is None:
+        return s.counts.astype(np.float64)
+    return np.minimum(np.broadcast_to(np.asarray(batch, np.float64), s.counts.shape), s.counts)
+
+
+def _probs(s: Setting) -> np.ndarray:
+    participation = s.args.get("participation")
+    probs = 1.0 if participation is None or participation.probs is None else participation.probs
+    return np.broadcast_to(np.asarray(probs, np.float64), s.counts.shape)
+
+
+def _compression_kappa(s: Setting, control_variates: bool) -> float:
+    """``M~ / L`` of QLSD's Theorems S5/S6 with ``M_bar = L / N`` (see the module docstring)."""
+    n_i, w, omega, p = s.counts.astype(np.float64), s.counts / s.counts.sum(), _omega(s), _probs(s)
+    batch = _batch(s)
+    spread = np.where(n_i > 1, n_i * (n_i - batch) / (batch * np.maximum(n_i - 1, 1)), 0.0)
+    minibatch = spread / s.counts.sum() if control_variates else 0.0
+    return float(np.max(w * omega + (omega + 1) * (w * (1 - p) / p + minibatch)))
+
+
+def _minibatch_kappa(s: Setting) -> float:
+    """``N / n - 1``: a plain minibatch gradient's covariance in units of the Hessian."""
+    return float(s.counts.sum() / _batch(s).sum() - 1.0)
+
+
+def _langevin(s: Setting, kappa: float) -> float:
+    return 2.0 * E / (s.lambda_max * (1.0 + kappa))
+
+
+def _qlsd_cv(s: Setting) -> tuple[float, str]:
+    return _langevin(s, _compression_kappa(s, True)), "2E / (L + M~) (QLSD Thm S6)"
+
+
+def _qlsd_pp(s: Setting) -> tuple[float, str]:
+    gamma, rule = _qlsd_cv(s)
+    if s.lambda_min is None or not s.args.get("memory", True):
+        return gamma, rule
+    rate = s.args.get("memory_rate")
+    alpha = 1.0 / (1.0 + np.max(_omega(s))) if rate is None else float(np.min(rate))
+    if alpha > 0 and alpha / (3 * s.lambda_min) < gamma:
+        return alpha / (3 * s.lambda_min), "alpha / (3 m) (QLSD++ Thm 3)"
+    return gamma, rule
+
+
+def _qlsd_sharp(s: Setting) -> tuple[float, str]:
+    return (_langevin(s, _compression_kappa(s, False) + _minibatch_kappa(s)),
+            "2E / (L (1 + M~/L + N/n - 1)) (QLSD Thm S5)")
+
+
+def _sgld(s: Setting) -> tuple[float, str]:
+    return _langevin(s, _minibatch_kappa(s)), "2E / (L (1 + N/n - 1)) (ULA variance)"
+
+
+def _fa_hmc(s: Setting) -> tuple[float, str]:
+    k = int(s.args.get("num_leapfrog", 1))
+    steps = steps_per_round(k, int(s.args["local_steps"]), s.args.get("clock", "leapfrog"))
+    sigma = float(s.args.get("gradient_noise", 0.0))
+    lam = s.lambda_max
+    omega = float(np.max(_omega(s)))
+    d = steps * min(k, steps) * lam + k * _minibatch_kappa(s) * lam + k * sigma**2 + 4 * omega * steps**2 * lam
+    return 2.0 * np.sqrt(E / d), "2 sqrt(E / (S min(K, S) L + K (N/n - 1) L + K sigma^2 + 4 omega S^2 L))"
+
+
+def _dsgld(s: Setting) -> tuple[float, str]:
+    w = s.counts / s.counts.sum()
+    f = np.asarray(s.args["probs"], np.float64)
+    scale = np.max(w / f + (s.counts / _batch(s) - 1.0) * w / f**2)
+    return 4.0 * E / (s.lambda_max * scale * int(s.args["local_steps"])), "4E / (L max_s(w_s/f_s + kappa_s) V)"
+
+
+def _dg_sgld(s: Setting) -> tuple[np.ndarray, str]:
+    rho = np.broadcast_to(np.asarray(s.args["rho"], np.float64), s.counts.shape)
+    kappa = s.counts / _batch(s) - 1.0
+    gamma = 2.0 * E / (s.lambda_max * (1.0 + kappa) + 1.0 / rho)
+    return (float(gamma[0]) if np.all(gamma == gamma[0]) else gamma), "2E / (L (1 + kappa_i) + 1/rho_i)"
+
+
+def _fedavg(s: Setting) -> tuple[float, str]:
+    return float(s.counts.sum()) / s.lambda_max, "N / L (gradient descent's 1/L on U/N)"
+
+
+def _psgld(s: Setting):
+    raise ValueError('psgld has no step_size = "auto": its step is relative to an RMSprop preconditioner that '
+                     "the curvature at the mode does not fix; give step_size (a number)")
+
+
+#: Registered sampler name -> ``rule(Setting) -> (step, formula)`` (see the module docstring).
+RULES: dict[str, Callable[[Setting], tuple]] = {
+    "sgld": _sgld, "psgld": _psgld, "qlsd#": _qlsd_sharp, "qlsd*": _qlsd_cv, "lsd*": _qlsd_cv,
+    "qlsd++": _qlsd_pp, "lsd++": _qlsd_pp, "fa-hmc": _fa_hmc, "fa-ld": _fa_hmc, "dsgld": _dsgld,
+    "cg-dsgld": _dsgld, "dg-sgld": _dg_sgld, "fedavg": _fedavg,
+}
+
+
+def auto_step(name: str, setting: Setting) -> tuple:
+    """The step of registered sampler ``name`` by its rule: ``(step, formula)``."""
+    if not (np.isfinite(setting.lambda_max) and setting.lambda_max > 0):
+        raise ValueError(f"the curvature at the mode must be positive and finite (got {setting.lambda_max!r}); "
+                         "is the posterior proper?")
+    return RULES[name](setting)

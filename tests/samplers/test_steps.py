@@ -1,0 +1,57 @@
+"""The step-size rules of step_size = "auto" (fedmcmc.samplers.steps)."""
+
+import numpy as np
+import pytest
+
+from fedmcmc.compression import quantization
+from fedmcmc.samplers import REGISTRY, steps
+from fedmcmc.samplers.participation import bernoulli
+
+
+def _setting(lam=50.0, counts=(40, 60, 100), **args):
+    return steps.Setting(lam, None, args, np.asarray(counts), 8)
+
+
+def test_every_registered_sampler_has_a_rule():
+    assert set(steps.RULES) == set(REGISTRY)
+
+
+def test_ula_and_leapfrog_at_the_chosen_steps_inflate_the_stiffest_std_by_the_target():
+    """ULA's stationary variance on N(0, 1 / lam) is 1 / (lam (1 - gamma lam / 2)); K leapfrog steps
+    with fresh momenta give 1 / (lam (1 - eta^2 lam / 4)) for every K (computed from the map)."""
+    lam = 50.0
+    gamma, _ = steps.auto_step("lsd*", _setting(lam))
+    assert (1 - gamma * lam / 2) ** -0.5 == pytest.approx(1 + steps.STD_INFLATION, rel=1e-3)
+    eta, _ = steps.auto_step("fa-hmc", _setting(lam, weights=None, num_leapfrog=7, local_steps=1))
+    kick, drift = np.array([[1, 0], [-eta / 2 * lam, 1]]), np.array([[1, eta], [0, 1]])
+    (a, b), _ = np.linalg.matrix_power(kick @ drift @ kick, 7)
+    assert (b * b / (1 - a * a) * lam) ** 0.5 == pytest.approx(1 + steps.STD_INFLATION, rel=1e-3)
+
+
+def test_noise_compression_and_local_steps_shrink_the_step():
+    base, _ = steps.auto_step("qlsd*", _setting())
+    compressed, _ = steps.auto_step("qlsd*", _setting(compressor=quantization(4)))
+    partial, _ = steps.auto_step("qlsd*", _setting(participation=bernoulli(0.5)))
+    assert compressed < base and partial < base
+    # QLSD#'s minibatch gradient of 20 of 200 points has 9 times the Hessian as covariance
+    sharp, _ = steps.auto_step("qlsd#", _setting(batch_size=np.array([4, 6, 10])))
+    assert sharp == pytest.approx(base / 10)
+    one, _ = steps.auto_step("fa-ld", _setting(weights=None, local_steps=1))
+    ten, _ = steps.auto_step("fa-ld", _setting(weights=None, local_steps=10))
+    assert ten == pytest.approx(one / np.sqrt(10))
+    visit, _ = steps.auto_step("cg-dsgld", _setting(probs=np.full(3, 1 / 3), local_steps=10))
+    assert visit == pytest.approx(4 * steps.E / (50.0 * 1.5 * 10))  # the largest shard: w / f = 0.5 * 3
+
+
+def test_per_client_steps_of_dg_sgld_and_the_learning_rate_of_fedavg():
+    gamma, _ = steps.auto_step("dg-sgld", _setting(rho=np.array([0.1, 0.01, 0.01])))
+    np.testing.assert_allclose(gamma, 2 * steps.E / (50.0 + 1 / np.array([0.1, 0.01, 0.01])))
+    rate, _ = steps.auto_step("fedavg", _setting())
+    assert rate == pytest.approx(200 / 50.0)
+
+
+def test_psgld_and_a_bad_curvature_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="psgld has no step_size = \"auto\".*give step_size"):
+        steps.auto_step("psgld", _setting())
+    with pytest.raises(ValueError, match="positive and finite"):
+        steps.auto_step("sgld", _setting(lam=float("nan")))
