@@ -42,7 +42,6 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from fedmcmc.core import figures
 from fedmcmc.evaluation import diagnostics
 from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.runtime import io
@@ -385,25 +384,7 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     io.write_json(out / "results.json", payload)
     if built.inputs is None:
         io.write_posterior(out / "posterior.nc", {built.sampler.name: res}, attrs={"config": cfg})
-        plot_trace(out / "trace.png", res.samples, exact)
+        outputs.plot_against_exact(out / "trace.png", res.samples, exact)
     else:
         payload["summary"] = outputs.write_run(out, cfg, built, res)
     return payload
-
-
-def plot_trace(path: Path, samples: np.ndarray, exact) -> None:
-    """Trace and histogram of ``theta[0]``, against the exact posterior when there is one."""
-    fig, axes = figures.new_figure(ncols=2, figsize=(9, 3.2))
-    k = 0
-    for c in range(samples.shape[0]):
-        axes[0].plot(samples[c, :, k], lw=0.6)
-    axes[0].set_title("trace of theta[0] per chain")
-    axes[0].set_xlabel("draw")
-    axes[1].hist(samples[..., k].ravel(), bins=50, density=True, alpha=0.7)
-    axes[1].set_title("theta[0]: samples" + ("" if exact is None else " vs exact posterior"))
-    if exact is not None:
-        axes[0].axhline(exact.mean[k], color="k", ls="--", lw=1)
-        grid = np.linspace(samples[..., k].min(), samples[..., k].max(), 200)
-        density = np.exp(-0.5 * (grid - exact.mean[k]) ** 2 / exact.var) / np.sqrt(2 * np.pi * exact.var)
-        axes[1].plot(grid, density, "k--")
-    figures.save_figure(fig, path)

@@ -31,6 +31,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from fedmcmc.core import figures
 from fedmcmc.evaluation import calibration, diagnostics, regression, report
 from fedmcmc.evaluation.predict import pointwise_log_likelihood, predict_bma
 from fedmcmc.runtime import io
@@ -144,3 +145,18 @@ def write_run(out, cfg: dict, built, result: SimulationResult, echo: Callable[[s
 
 def _stderr(line: str) -> None:
     sys.stderr.write(line + "\n")
+
+
+def plot_against_exact(path, samples: np.ndarray, exact) -> None:
+    """Trace and histogram of ``theta[0]`` against the exact posterior of a ``[problem]``."""
+    fig, axes = figures.new_figure(ncols=2, figsize=(9, 3.2))
+    for c in range(samples.shape[0]):
+        axes[0].plot(samples[c, :, 0], lw=0.6)
+    axes[0].axhline(exact.mean[0], color="k", ls="--", lw=1)
+    axes[0].set_title("trace of theta[0] per chain")
+    axes[0].set_xlabel("draw")
+    axes[1].hist(samples[..., 0].ravel(), bins=50, density=True, alpha=0.7)
+    grid = np.linspace(samples[..., 0].min(), samples[..., 0].max(), 200)
+    axes[1].plot(grid, np.exp(-0.5 * (grid - exact.mean[0]) ** 2 / exact.var) / np.sqrt(2 * np.pi * exact.var), "k--")
+    axes[1].set_title("theta[0]: samples vs exact posterior")
+    figures.save_figure(fig, path)
