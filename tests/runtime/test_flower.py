@@ -62,9 +62,9 @@ num_iterations = 4
 """
 
 
-def reference(text):
+def reference(text, base_dir=None):
     cfg = tomllib.loads(text)
-    built = config.build(cfg)
+    built = config.build(cfg, base_dir)
     r = cfg["run"]
     return simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim),
                     r["num_iterations"], num_chains=r["num_chains"], burn_in=r.get("burn_in", 0),
@@ -363,44 +363,33 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     """Node-local data (docs/flower.md): three CSV files of different sizes and label balance, each
     read only by its node (node config ``data-path``; the config's file names exist nowhere, and
     reading a file outside a node's handler fails), give the simulator's samples of the same three
-    files bit for bit, with QLSD++ and FA-HMC; QLSD* (the mode needs the data) is refused."""
+    files bit for bit with QLSD++ (FA-HMC: on the deployment engine, tests/runtime/test_flower_deploy.py);
+    QLSD* (the mode needs the data) is refused."""
     from fedmcmc.app.flower import apps
+    from fedmcmc.app.flower.launch import data_paths
     from fedmcmc.data import local
 
     write_sites(tmp_path)
-    paths = {i: {"data-path": str(tmp_path / f"site-{c}.csv")} for i, c in enumerate("abc")}
-    samplers = {"qlsd++": QLSD_PP.split("[sampler]")[1].replace("batch_size = 5", "batch_size = 10"),
-                "fa-hmc": FA_HMC.split("[sampler]")[1].replace("step_size = 0.05", "step_size = 0.01")}
-    grids, reads = [], []
-    read_client = local.read_client
+    text = SITES + "[sampler]" + QLSD_PP.split("[sampler]")[1].replace("batch_size = 5", "batch_size = 10")
+    paths = data_paths(text, tmp_path)  # what `fedmcmc flower deploy` gives each SuperNode
+    built, ref = config.build(tomllib.loads(text), tmp_path), reference(text, tmp_path)  # the simulator
+    reads, read_client = [], local.read_client
 
     def node_only(section, source, base_dir=None):
-        assert grids and grids[-1].in_client, f"{source} opened outside a node"
+        assert grid.in_client, f"{source} opened outside a node"
         reads.append(str(source))
         return read_client(section, source, base_dir)
 
-    for name, tail in samplers.items():
-        text = SITES + "[sampler]" + tail
-        cfg = tomllib.loads(text)
-        built = config.build(cfg, tmp_path)  # the simulator reads the three files
-        r = cfg["run"]
-        ref = simulate(r["seed"], built.sampler, built.data, np.zeros(built.model.dim), r["num_iterations"],
-                       num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1))
-        monkeypatch.setattr(local, "read_client", node_only)
-        remote = text.replace("site-", "nowhere-")  # the server cannot find these; the nodes use data-path
-        grids.append(InProcessGrid(apps.make_client_app(), 3, remote, node_config=paths))
-        out = tmp_path / name
-        if name == "qlsd++":  # the ServerApp's whole work, outputs included
-            payload = apps.run_server(grids[-1], remote, out, False, "test")
-            samples = np.concatenate([np.load(c)["positions"] for c in sorted((out / "chunks").glob("chunk_*"))], 1)
-            assert [c["n_train"] for c in payload["inputs"]["clients"]] == list(np.asarray(built.data.counts))
-            assert payload["inputs"]["scaling"] == built.inputs.scaling  # the moments' pooled scaling
-        else:
-            runtime, transport = apps.start_server(grids[-1], remote, out)
-            samples = runtime.run(transport).samples
-        monkeypatch.setattr(local, "read_client", read_client)
-        np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
+    monkeypatch.setattr(local, "read_client", node_only)
+    remote = text.replace("site-", "nowhere-")  # the server cannot find these; the nodes use data-path
+    grid = InProcessGrid(apps.make_client_app(), 3, remote, node_config=paths)
+    payload = apps.run_server(grid, remote, tmp_path / "out", False, "test")  # the ServerApp's whole work
+    samples = np.concatenate([np.load(c)["positions"] for c in sorted((tmp_path / "out" / "chunks").glob("chunk_*"))], 1)
+    np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
+    assert [c["n_train"] for c in payload["inputs"]["clients"]] == list(np.asarray(built.data.counts))
+    assert payload["inputs"]["scaling"] == built.inputs.scaling  # the pooled scaling from the nodes' moments
     assert sorted(set(reads)) == sorted(p["data-path"] for p in paths.values())
+    monkeypatch.setattr(local, "read_client", read_client)
     grid = InProcessGrid(apps.make_client_app(), 3, SITES + "[sampler]" + QLSD_PP.split("[sampler]")[1].replace(
         "qlsd++", "qlsd*").replace("refresh_every = 2\n", ""), node_config=paths)
     with pytest.raises(config.ConfigError, match=r"qlsd\* cannot run on node-local data: .*federated mode"):
