@@ -31,14 +31,21 @@ APP_DIR = Path(__file__).parent / "flwr_app"
 
 
 def prepare_config(path, clients: int | None = None) -> str:
-    """The config's TOML text, checked, with ``[problem]`` resized to ``clients`` if given."""
+    """The config's TOML text, checked, with ``[problem]`` resized to ``clients`` if given (a ``[data]``
+    run's sampler and client count are checked here too, before any process starts)."""
     from fedmcmc.app import config as config_lib
+
+    from fedmcmc.app.flower import nodes
 
     cfg = config_lib.load(path)
     text = Path(path).read_text()
+    if "data" in cfg:
+        nodes.check_sampler(cfg)
+        nodes.num_clients(cfg["data"])
     if clients is not None:
-        if clients < 1:
-            raise ValueError(f"--clients must be >= 1 (got {clients})")
+        if clients < 1 or "problem" not in cfg:
+            raise ValueError(f"--clients N resizes a [problem] (N >= 1, got {clients}); a [data] run has one "
+                             "client per entry of files, or partition's num_clients")
         key = "num_shards" if cfg["problem"]["name"] == "gaussian-blobs" else "num_clients"
         text = _set_key(text, "problem", key, clients)
         config_lib.validate(tomllib.loads(text))

@@ -129,15 +129,20 @@ def _label_dtype(info: inputs_lib.Inputs):
     return np.float32 if info.task == "regression" else np.int32
 
 
-def build_from_inputs(cfg: dict, info: inputs_lib.Inputs, base_dir=None) -> config_lib.Built:
-    """The run of a ``[data]`` config built from what the nodes told (``info``), without data: the
-    clients' training parts are zeros of their shapes (the sampler needs only counts and shapes).
-    ``tests`` is None: the held-out parts stay on the nodes."""
+def check_sampler(cfg: dict) -> None:
+    """Refuse a sampler of :data:`REFUSED` (a ``[data]`` run on Flower), naming those that work."""
     name = config_lib.sampler_name(cfg)
     if name in REFUSED:
         usable = [s for s in REGISTRY if s not in REFUSED]
         raise config_lib.ConfigError(f"{name} cannot run on node-local data: {REFUSED[name]}; use one of "
                                      f"{', '.join(usable)} (docs/flower.md)")
+
+
+def build_from_inputs(cfg: dict, info: inputs_lib.Inputs, base_dir=None) -> config_lib.Built:
+    """The run of a ``[data]`` config built from what the nodes told (``info``), without data: the
+    clients' training parts are zeros of their shapes (the sampler needs only counts and shapes).
+    ``tests`` is None: the held-out parts stay on the nodes."""
+    check_sampler(cfg)
     counts = np.asarray([c["n_train"] for c in info.clients], np.int32)
     shape = (len(counts), int(counts.max()))
     data = FederatedData((np.zeros(shape + tuple(info.input_shape), np.float32), np.zeros(shape, _label_dtype(info))),
