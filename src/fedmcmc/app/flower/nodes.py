@@ -37,8 +37,9 @@ from fedmcmc.samplers import REGISTRY
 
 #: Samplers a node-local ``[data]`` run refuses, and why.
 REFUSED = {
-    "qlsd*": "its control variates need the federated mode, which fedmcmc computes on the pooled data",
-    "lsd*": "its control variates need the federated mode, which fedmcmc computes on the pooled data",
+    "qlsd*": "its control variates need the federated mode, which fedmcmc computes with every client's data in "
+             "one process (estimators.gradients.find_mode), not yet as Flower rounds",
+    "lsd*": "like QLSD*, its control variates need the federated mode",
     "sgld": "it is centralised: all data on one client",
     "psgld": "it is centralised: all data on one client",
 }
@@ -50,12 +51,19 @@ def num_clients(section: dict) -> int:
     if "partition" in section and isinstance(section["partition"], dict) and "num_clients" in section["partition"]:
         return int(section["partition"]["num_clients"])
     files = section.get("files")
-    if isinstance(files, list) and files and not any(
-            not isinstance(f, dict) and local.file_format(section, f) == "leaf" for f in files):
+    if isinstance(files, list) and files and not any(_leaf(section, f) for f in files):
         return len(files)
     raise ValueError("[data] on Flower needs files = [...] (one per client; a node's data-path replaces its "
                      "entry, and a LEAF file is named per user as {file = ..., user = ...}) or a partition with "
                      "num_clients")
+
+
+def _leaf(section: dict, source) -> bool:
+    """Whether ``source`` names a whole LEAF file (its users are clients); a mere name is not."""
+    try:
+        return not isinstance(source, dict) and local.file_format(section, source) == "leaf"
+    except ValueError:
+        return False
 
 
 def read_node(section: dict, index: int, data_path: str | None, base_dir) -> local.LocalData:
