@@ -384,7 +384,8 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     remote = text.replace("site-", "nowhere-")  # the server cannot find these; the nodes use data-path
     grid = InProcessGrid(apps.make_client_app(), 3, remote, node_config=paths)
     payload = apps.run_server(grid, remote, tmp_path / "out", False, "test")  # the ServerApp's whole work
-    samples = np.concatenate([np.load(c)["positions"] for c in sorted((tmp_path / "out" / "chunks").glob("chunk_*"))], 1)
+    chunks = sorted((tmp_path / "out" / "chunks").glob("chunk_*"))
+    samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
     np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
     assert [c["n_train"] for c in payload["inputs"]["clients"]] == list(np.asarray(built.data.counts))
     assert payload["inputs"]["scaling"] == built.inputs.scaling  # the pooled scaling from the nodes' moments

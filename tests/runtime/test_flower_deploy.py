@@ -1,7 +1,8 @@
 """The deployment engine, for real: a SuperLink and SuperNodes on 127.0.0.1 with TLS and
 SuperNode authentication (certificates and keys generated here), one deployment serving
 several checks: same samples as the simulator for QLSD++ (its ServerApp killed and the run
-resumed) and FA-HMC (node-local data: each SuperNode reads its own CSV file), an unauthenticated node kept out, a SuperNode killed and restarted mid-run
+resumed) and FA-HMC (node-local data: each SuperNode reads its own CSV file),
+an unauthenticated node kept out, a SuperNode killed and restarted mid-run
 (it rejoins under its partition) and a malformed reply (docs/flower.md)."""
 
 from __future__ import annotations

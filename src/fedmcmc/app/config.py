@@ -333,7 +333,8 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     started = time.perf_counter()
     built = build(cfg, path.parent)
     r = dict(cfg["run"])
-    checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1), r.get("chunk_size"))
+    checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1),
+                          r.get("chunk_size"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(path.read_text())
     res = simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim), r["num_iterations"],
@@ -343,11 +344,10 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
 
 
 def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extra) -> dict:
-    """Write ``results.json``, ``posterior.nc`` and ``trace.png`` of a finished run to ``out``
-    (shared by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are
-    added to ``results.json``. The errors against the exact posterior are there for a
-    ``[problem]``; ``inputs`` records a ``[data]`` run's data, whose outputs are those of
-    :func:`fedmcmc.app.outputs.write_run` (``summary.json``, rank and reliability plots too)."""
+    """Write ``results.json``, ``posterior.nc`` and ``trace.png`` of a finished run to ``out`` (shared
+    by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are added to
+    ``results.json``. The errors against the exact posterior are there for a ``[problem]``; ``inputs``
+    records a ``[data]`` run's data, whose outputs are :func:`fedmcmc.app.outputs.write_run`'s."""
     exact = built.exact
     mean = res.samples.mean(axis=(0, 1))
     var = res.samples.var(axis=(0, 1))

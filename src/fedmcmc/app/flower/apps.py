@@ -373,8 +373,8 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     out = Path(str(rc["out"]))
     try:
-        run_server(grid, str(rc["config"]), str(out), bool(rc.get("resume", False)), str(rc.get("engine", "deployment")),
-                   str(rc.get("data-dir", "")) or None)
+        run_server(grid, str(rc["config"]), str(out), bool(rc.get("resume", False)),
+                   str(rc.get("engine", "deployment")), str(rc.get("data-dir", "")) or None)
         (out / "flower-done.txt").write_text("done\n")  # every output written, for the launchers
     except BaseException as err:
         out.mkdir(parents=True, exist_ok=True)
