@@ -62,9 +62,9 @@ num_iterations = 4
 """
 
 
-def reference(text):
+def reference(text, base_dir=None):
     cfg = tomllib.loads(text)
-    built = config.build(cfg)
+    built = config.build(cfg, base_dir)
     r = cfg["run"]
     return simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim),
                     r["num_iterations"], num_chains=r["num_chains"], burn_in=r.get("burn_in", 0),
@@ -220,15 +220,16 @@ class InProcessGrid:
     ``restart = (k, node)``: that node restarts after answering round ``k`` (a new node id, an
     empty ``Context.state``, the same node config)."""
 
-    def __init__(self, app, n, text, restart=None):
+    def __init__(self, app, n, text, restart=None, node_config=None):
         self.app, self.replies, self.text, self.restart = app, {}, text, restart
+        self.node_config, self.in_client = node_config or {}, False
         self.contexts = {100 + i: self.context(100 + i, i) for i in range(n)}
 
     def context(self, node, i):
         from flwr.app import Context, RecordDict
 
-        return Context(run_id=1, node_id=node, node_config={"partition-id": i}, state=RecordDict(),
-                       run_config={"config": self.text})
+        return Context(run_id=1, node_id=node, node_config={"partition-id": i, **self.node_config.get(i, {})},
+                       state=RecordDict(), run_config={"config": self.text})
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -241,7 +242,9 @@ class InProcessGrid:
             m.metadata.__dict__["_message_id"] = m.object_id
             node = m.metadata.dst_node_id
             if node in self.contexts:
+                self.in_client = True
                 self.replies[m.object_id] = self.app(m, self.contexts[node])
+                self.in_client = False
                 if self.restart == (from_content(m.content).get("k"), node):
                     old = self.contexts.pop(node)
                     self.contexts[node + 100] = self.context(node + 100, old.node_config["partition-id"])
@@ -284,7 +287,7 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
     for limit, out in ((10_000, tmp_path / "big"), (8, tmp_path / "small")):
         grid = InProcessGrid(make_client_app([reply_limit_mod(limit), spy]), 3, text, restart=(1, 100))
         server = ServerRuntime(text, out, config.from_text)
-        transport = GridTransport(grid, server)
+        transport = GridTransport(grid, server.b, server.flower)
         res = server.run(transport)
         if limit == 10_000:
             np.testing.assert_array_equal(res.samples, reference(text).samples)  # bit for bit
@@ -311,7 +314,7 @@ def test_a_node_with_other_data_shapes_is_refused_with_its_name(tmp_path, server
     grid = InProcessGrid(make_client_app([other_data]), 3, QLSD_PP)
     server = ServerRuntime(QLSD_PP, tmp_path, config.from_text)
     with pytest.raises(RuntimeError, match=r"SuperNode 102 \(partition-id 2\) holds data of shapes"):
-        GridTransport(grid, server)
+        GridTransport(grid, server.b, server.flower)
 
 
 def test_the_run_config_file_carries_the_runs_toml_whole(tmp_path):
@@ -322,6 +325,73 @@ def test_the_run_config_file_carries_the_runs_toml_whole(tmp_path):
     from fedmcmc.app.flower.launch import run_config_file
 
     text = QLSD_PP + '[data]\nfiles = ["a b.csv", "c\\\\d.csv"]\ntarget = "Größe \\"x\\""\n'
-    flat = parse_config_args([str(run_config_file(text, tmp_path, True, "deployment"))])
-    assert flat == {"config": text, "out": str(tmp_path), "resume": True, "engine": "deployment"}
+    flat = parse_config_args([str(run_config_file(text, tmp_path, True, "deployment", tmp_path / "cfg"))])
+    assert flat == {"config": text, "out": str(tmp_path), "resume": True, "engine": "deployment",
+                    "data-dir": str(tmp_path / "cfg")}
     assert tomllib.loads(flat["config"])["data"]["files"] == ["a b.csv", "c\\d.csv"]
+
+
+SITES = """
+[data]
+files = ["site-a.csv", "site-b.csv", "site-c.csv"]
+target = "label"
+classes = [0, 1]
+test_fraction = 0.2
+[model]
+name = "logistic"
+"""
+
+
+def write_sites(folder):
+    """Three hospitals' CSV files of breast-cancer rows (5 features): 60, 100 and 40 patients,
+    20%, 50% and 85% of label 1."""
+    from fedmcmc.data import load_dataset
+
+    d = load_dataset("breast-cancer")
+    rng = np.random.default_rng(0)
+    ones, zeros = rng.permutation(np.flatnonzero(d.y == 1)), rng.permutation(np.flatnonzero(d.y == 0))
+    used = [0, 0]
+    for name, n, share in (("site-a.csv", 60, 0.2), ("site-b.csv", 100, 0.5), ("site-c.csv", 40, 0.85)):
+        k = int(round(share * n))
+        rows = np.concatenate([ones[used[1]:used[1] + k], zeros[used[0]:used[0] + n - k]])
+        used[0], used[1] = used[0] + n - k, used[1] + k
+        table = np.column_stack([d.x[rows, :5], d.y[rows]])
+        np.savetxt(folder / name, table, delimiter=",", header="f0,f1,f2,f3,f4,label", comments="", fmt="%.10g")
+
+
+def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_identity, monkeypatch):
+    """Node-local data (docs/flower.md): three CSV files of different sizes and label balance, each
+    read only by its node (node config ``data-path``; the config's file names exist nowhere, and
+    reading a file outside a node's handler fails), give the simulator's samples of the same three
+    files bit for bit with QLSD++ (FA-HMC: on the deployment engine, tests/runtime/test_flower_deploy.py);
+    QLSD* (the mode needs the data) is refused."""
+    from fedmcmc.app.flower import apps
+    from fedmcmc.app.flower.launch import data_paths
+    from fedmcmc.data import local
+
+    write_sites(tmp_path)
+    text = SITES + "[sampler]" + QLSD_PP.split("[sampler]")[1].replace("batch_size = 5", "batch_size = 10")
+    paths = data_paths(text, tmp_path)  # what `fedmcmc flower deploy` gives each SuperNode
+    built, ref = config.build(tomllib.loads(text), tmp_path), reference(text, tmp_path)  # the simulator
+    reads, read_client = [], local.read_client
+
+    def node_only(section, source, base_dir=None):
+        assert grid.in_client, f"{source} opened outside a node"
+        reads.append(str(source))
+        return read_client(section, source, base_dir)
+
+    monkeypatch.setattr(local, "read_client", node_only)
+    remote = text.replace("site-", "nowhere-")  # the server cannot find these; the nodes use data-path
+    grid = InProcessGrid(apps.make_client_app(), 3, remote, node_config=paths)
+    payload = apps.run_server(grid, remote, tmp_path / "out", False, "test")  # the ServerApp's whole work
+    chunks = sorted((tmp_path / "out" / "chunks").glob("chunk_*"))
+    samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
+    np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
+    assert [c["n_train"] for c in payload["inputs"]["clients"]] == list(np.asarray(built.data.counts))
+    assert payload["inputs"]["scaling"] == built.inputs.scaling  # the pooled scaling from the nodes' moments
+    assert sorted(set(reads)) == sorted(p["data-path"] for p in paths.values())
+    monkeypatch.setattr(local, "read_client", read_client)
+    grid = InProcessGrid(apps.make_client_app(), 3, SITES + "[sampler]" + QLSD_PP.split("[sampler]")[1].replace(
+        "qlsd++", "qlsd*").replace("refresh_every = 2\n", ""), node_config=paths)
+    with pytest.raises(config.ConfigError, match=r"qlsd\* cannot run on node-local data: .*federated mode"):
+        apps.start_server(grid, grid.text, tmp_path / "qlsd-star")

@@ -1,7 +1,8 @@
 """The deployment engine, for real: a SuperLink and SuperNodes on 127.0.0.1 with TLS and
 SuperNode authentication (certificates and keys generated here), one deployment serving
 several checks: same samples as the simulator for QLSD++ (its ServerApp killed and the run
-resumed) and FA-HMC, an unauthenticated node kept out, a SuperNode killed and restarted mid-run
+resumed) and FA-HMC (node-local data: each SuperNode reads its own CSV file),
+an unauthenticated node kept out, a SuperNode killed and restarted mid-run
 (it rejoins under its partition) and a malformed reply (docs/flower.md)."""
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from test_flower import FA_HMC, QLSD_PP, reference
+from test_flower import FA_HMC, QLSD_PP, SITES, reference, write_sites
 
-from fedmcmc.app.flower.launch import LocalDeployment, free_port
+from fedmcmc.app.flower.launch import LocalDeployment, data_paths, free_port
 
 
 def _name(cn):
@@ -77,9 +78,12 @@ def short(text, rounds, extra=""):
 def deployment(tmp_path):
     tls = make_tls(tmp_path)
     keys = make_node_keys(tmp_path, 3)
-    # node 2 answers round 2 with undecodable bytes (only the fault run has a round 2)
-    with LocalDeployment(3, tmp_path / "deployment", tls=tls, auth_keys=keys,
-                         node_config={2: {"fault": "malformed@2"}}) as dep:
+    # node i reads site i's CSV file in a [data] run (`fedmcmc flower deploy`'s node config); node 2
+    # answers round 2 with undecodable bytes (only the fault run has a round 2)
+    write_sites(tmp_path)
+    nodes = data_paths(SITES, tmp_path)
+    nodes[2]["fault"] = "malformed@2"
+    with LocalDeployment(3, tmp_path / "deployment", tls=tls, auth_keys=keys, node_config=nodes) as dep:
         yield dep
 
 
@@ -94,8 +98,11 @@ def test_deployment_with_tls_and_auth_same_samples_faults(deployment, tmp_path):
                                 stdout=open(tmp_path / "intruder.log", "w"), stderr=subprocess.STDOUT,
                                 start_new_session=True)
     dep.procs.append(intruder)
-    for name, text in (("qlsdpp", QLSD_PP), ("fahmc", FA_HMC)):
+    fahmc = SITES + "[sampler]" + FA_HMC.split("[sampler]")[1].replace("step_size = 0.05", "step_size = 0.01")
+    for name, text in (("qlsdpp", QLSD_PP), ("fahmc", fahmc)):
         text = short(text, 2, "round_timeout = 600")
+        ref = reference(text, tmp_path)
+        text = text.replace("site-", "nowhere-")  # the nodes read their data-path; the server reads none
         path = tmp_path / f"{name}.toml"
         path.write_text(text)
         if name == "qlsdpp":  # the ServerApp is killed after round 0, and the run resumed
@@ -104,7 +111,6 @@ def test_deployment_with_tls_and_auth_same_samples_faults(deployment, tmp_path):
             dep.kill_serverapp()
             assert not result.exists()
         payload = dep.run(path, tmp_path / name, resume=name == "qlsdpp", timeout=900)
-        ref = reference(text)
         chunks = sorted((tmp_path / name / "chunks").glob("chunk_*.npz"))
         samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
         np.testing.assert_array_equal(samples, ref.samples)  # bit for bit, TLS + auth on

@@ -19,9 +19,7 @@ and ``[run]``. Relative file paths are relative to the config file's folder. Exa
     [run]
     seed = 0
     num_chains = 4
-    num_iterations = 20000
-    burn_in = 10000
-    thinning = 10
+    num_iterations = 20000            # burn_in = 10000, thinning = 10 and chunk_size are optional
 
 Both sections are registries. A ``[problem]`` may set its builder's keyword arguments
 (:func:`fedmcmc.app.problems.settings`). A ``[sampler]`` may set its builder's arguments
@@ -42,6 +40,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from fedmcmc.core import checks
 from fedmcmc.evaluation import diagnostics
 from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.runtime import io
@@ -52,7 +51,6 @@ from fedmcmc.compression import resolve_compressor
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 from fedmcmc.runtime.simulator import simulate
-from fedmcmc.core.checks import check_schedule
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"}
 #: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
@@ -284,9 +282,8 @@ def _validate_sampler(cfg: dict) -> None:
 
 
 def from_text(text: str, base_dir: str | Path | None = None) -> tuple[dict, Built]:
-    """A run config given as TOML text, checked and built: ``(cfg, built)``; relative paths start
-    at ``base_dir`` (default: the working directory). The Flower runtime names a run by this text
-    and builds it with this function on every node."""
+    """A run config given as TOML text, checked and built: ``(cfg, built)``; relative paths start at
+    ``base_dir`` (default: the working directory). Flower builds a ``[problem]`` run with it."""
     cfg = tomllib.loads(text)
     validate(cfg)
     return cfg, build(cfg, base_dir)
@@ -304,14 +301,19 @@ def _problem(cfg: dict) -> problems.Problem:
 
 
 def build(cfg: dict, base_dir: str | Path | None = None) -> Built:
-    """Turn a validated config into data, model, sampler and run settings: the registered
-    builder called with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS`. Relative
-    paths in ``[data]`` start at ``base_dir`` (default: the working directory)."""
+    """A validated config's data and model (relative ``[data]`` paths start at ``base_dir``,
+    default: the working directory), made into a run by :func:`build_run`."""
     if "problem" in cfg:
         (data, model, exact), tests, info = _problem(cfg), None, None
     else:
         data, tests, info = inputs.load_data(cfg["data"], base_dir)
         model, exact = model_from_config(cfg, info, base_dir), None
+    return build_run(cfg, data, model, exact, tests, info)
+
+
+def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Built:
+    """The :class:`Built` run of ``cfg`` on ``data`` and ``model``: the registered builder called
+    with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS`."""
     name, section = sampler_name(cfg), cfg["sampler"]
     run = _Run(name, data, model)
     params = _parameters(name)
@@ -340,7 +342,8 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     if built.step["rule"] != "given":
         print(auto.describe(built.step))
     r = dict(cfg["run"])
-    check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1), r.get("chunk_size"))
+    checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1),
+                          r.get("chunk_size"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(path.read_text())
     res = simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim), r["num_iterations"],
@@ -350,11 +353,10 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
 
 
 def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extra) -> dict:
-    """Write ``results.json``, ``posterior.nc`` and ``trace.png`` of a finished run to ``out``
-    (shared by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are
-    added to ``results.json``. The errors against the exact posterior are there for a
-    ``[problem]``; ``inputs`` records a ``[data]`` run's data, whose outputs are those of
-    :func:`fedmcmc.app.outputs.write_run` (``summary.json``, rank and reliability plots too)."""
+    """Write ``results.json``, ``posterior.nc`` and ``trace.png`` of a finished run to ``out`` (shared
+    by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are added to
+    ``results.json``. The errors against the exact posterior are there for a ``[problem]``; ``inputs``
+    records a ``[data]`` run's data, whose outputs are :func:`fedmcmc.app.outputs.write_run`'s."""
     exact = built.exact
     mean = res.samples.mean(axis=(0, 1))
     var = res.samples.var(axis=(0, 1))

@@ -78,36 +78,81 @@ class Inputs(NamedTuple):
     input_shape: list[int]
 
 
-def load_data(section: dict, base_dir=None) -> tuple[FederatedData, tuple | None, Inputs]:
-    """``(train, tests, inputs)`` of a ``[data]`` section: the clients' training parts as
-    :class:`FederatedData` (``(x, y)`` per datum), their held-out ``(x, y)`` (None when
-    ``test_fraction = 0``), and the :class:`Inputs` record."""
+class ClientSummary(NamedTuple):
+    """What one client tells the server about its data (no row): the Flower nodes' ``hello``.
+
+    Attributes
+    ----------
+    source
+        Where its rows came from (a file).
+    n_train, n_test
+        Rows of its training and held-out parts.
+    moments
+        :class:`~fedmcmc.data.local.Moments` of its training inputs (None without standardisation).
+    num_labels
+        Its largest class label + 1 (None for regression).
+    feature_names
+        Its CSV feature columns, or None.
+    input_shape
+        The shape of one input.
+    """
+
+    source: str
+    n_train: int
+    n_test: int
+    moments: local.Moments | None
+    num_labels: int | None
+    feature_names: list[str] | None
+    input_shape: list[int]
+
+
+def _task(section: dict) -> str:
     task = section.get("task", "classification")
     if task not in ("classification", "regression"):
         raise ValueError(f'[data] task must be "classification" or "regression" (got {task!r})')
     if task == "regression" and "classes" in section:
         raise ValueError("[data] classes is for classification; leave it out for task = \"regression\"")
-    clients = local.read_clients(section, base_dir)
-    fraction = section.get("test_fraction", 0.2)
-    parts = [local.split_client(section.get("seed", 0), i, c, fraction) for i, c in enumerate(clients)]
-    standardise = section.get("standardise", True)
+    return task
+
+
+def split_local(section: dict, index: int, data: local.LocalData):
+    """``(train, test, summary)`` of client ``index``: its own held-out split and its
+    :class:`ClientSummary` (what a client does alone, on a Flower node or in the simulator)."""
+    task, standardise = _task(section), section.get("standardise", True)
     if not isinstance(standardise, bool):
         raise ValueError(f"[data] standardise must be true or false (got {standardise!r})")
-    scaling = local.pooled_scale([local.moments(train.x) for train, _ in parts]) if standardise else None
-    train = from_clients([(local.apply_scaling(t.x, scaling), t.y) for t, _ in parts])
-    tests = None if fraction == 0 else tuple(
-        (local.apply_scaling(t.x, scaling).astype(np.float32), t.y.astype(np.float32 if task == "regression"
-                                                                             else np.int32)) for _, t in parts)
-    classes = section.get("classes")
-    k = None if task == "regression" else (len(classes) if classes is not None else
-                                            1 + max(int(c.y.max()) for c in clients))
-    inputs = Inputs(task, k, None if clients[0].feature_names is None else list(clients[0].feature_names),
-                    None if classes is None else [str(c) for c in classes],
-                    None if scaling is None else {"mean": scaling.mean.tolist(), "scale": scaling.scale.tolist()},
-                    tuple({"source": c.source, "n_train": len(t.y), "n_test": len(e.y)}
-                          for c, (t, e) in zip(clients, parts)),
-                    list(clients[0].x.shape[1:]))
-    return train, tests, inputs
+    train, test = local.split_client(section.get("seed", 0), index, data, section.get("test_fraction", 0.2))
+    return train, test, ClientSummary(
+        data.source, len(train.y), len(test.y), local.moments(train.x) if standardise else None,
+        None if task == "regression" else 1 + int(data.y.max()),
+        None if data.feature_names is None else list(data.feature_names), list(data.x.shape[1:]))
+
+
+def combine(section: dict, summaries) -> tuple[Inputs, local.Scaling | None]:
+    """The run's :class:`Inputs` and feature scaling from the clients' summaries, in client order
+    (the scaling from the moments by :func:`fedmcmc.data.local.pooled_scale`)."""
+    task, classes, first = _task(section), section.get("classes"), summaries[0]
+    scaling = None if first.moments is None else local.pooled_scale([s.moments for s in summaries])
+    k = None if task == "regression" else len(classes) if classes is not None else max(s.num_labels
+                                                                                      for s in summaries)
+    return Inputs(task, k, first.feature_names, None if classes is None else [str(c) for c in classes],
+                  None if scaling is None else {"mean": scaling.mean.tolist(), "scale": scaling.scale.tolist()},
+                  tuple({"source": s.source, "n_train": s.n_train, "n_test": s.n_test} for s in summaries),
+                  first.input_shape), scaling
+
+
+def load_data(section: dict, base_dir=None) -> tuple[FederatedData, tuple | None, Inputs]:
+    """``(train, tests, inputs)`` of a ``[data]`` section: the clients' training parts as
+    :class:`FederatedData` (``(x, y)`` per datum), their held-out ``(x, y)`` (None when
+    ``test_fraction = 0``), and the :class:`Inputs` record."""
+    _task(section)
+    parts = [split_local(section, i, c) for i, c in enumerate(local.read_clients(section, base_dir))]
+    info, scaling = combine(section, [s for _, _, s in parts])
+    train = from_clients([(local.apply_scaling(t.x, scaling), t.y) for t, _, _ in parts])
+    tests = None if section.get("test_fraction", 0.2) == 0 else tuple(
+        (local.apply_scaling(t.x, scaling).astype(np.float32),
+         t.y.astype(np.float32 if info.task == "regression" else np.int32)) for _, t, _ in parts)
+    return train, tests, info
 
 
 # --------------------------------------------------------------------------- models

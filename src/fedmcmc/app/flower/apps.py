@@ -4,14 +4,16 @@
   travels in Flower's run config), ``out`` (output folder) and ``resume`` from the run config,
   discovers which SuperNode holds which client (a ``hello`` message answered with the node's
   ``partition-id``, client count and data shapes, checked by :class:`GridTransport`, which also
-  lets a restarted SuperNode rejoin under its partition) and runs
-  :class:`~fedmcmc.runtime.flower.server.ServerRuntime` over its own push/pull loop
+  lets a restarted SuperNode rejoin under its partition), builds a ``[data]`` run from the nodes'
+  summaries without opening a data file (:func:`start_server`, :mod:`fedmcmc.app.flower.nodes`)
+  and runs :class:`~fedmcmc.runtime.flower.server.ServerRuntime` over its own push/pull loop
   (:meth:`GridTransport.send_and_receive`, polling every ``poll_interval`` seconds).
 * ``client_app`` (:func:`make_client_app`, optionally wrapped in Flower mods): one handler for
   ``train`` (rounds) and ``query`` (hello, init, setup) messages that runs
   :class:`~fedmcmc.runtime.flower.client.ClientRuntime` for the node's partition
   (``--node-config "partition-id=i"``) and the run config's ``config``, keeping the client state
-  in ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it.
+  in ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it, and
+  ``data-path`` the file a ``[data]`` run's node reads as its own client.
 
 A message is an ``ArrayRecord`` (broadcasts and masks as arrays, the uploads' wire encodings as
 ``uint8`` arrays) and a ``ConfigRecord`` of JSON strings (:func:`to_content`).
@@ -34,8 +36,10 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedmcmc.app import config as config_lib  # noqa: E402
+from fedmcmc.app import inputs  # noqa: E402
+from fedmcmc.app.flower import nodes  # noqa: E402
 from fedmcmc.runtime.flower.client import ClientRuntime, config_hash  # noqa: E402
-from fedmcmc.runtime.flower.server import ServerRuntime, log  # noqa: E402
+from fedmcmc.runtime.flower.server import DEFAULTS, ServerRuntime, log  # noqa: E402
 
 META, ARRAYS = "fedmcmc", "fedmcmc-arrays"
 #: Round messages are Flower ``train`` messages (so Flower's mods that act on training see them);
@@ -102,6 +106,37 @@ def reply_limit_mod(max_bytes: int):
 # --------------------------------------------------------------------------------------
 
 _RUNTIMES: dict[tuple, ClientRuntime] = {}
+def _runtime(text: str, index: int, context: Context, store: dict) -> ClientRuntime:
+    """The node's client: built from the config (a ``[problem]``), or from the run's ``Inputs``
+    the server sent (the ``nodes`` message) and the node's own data (a ``[data]`` run)."""
+    if "data" not in nodes.parsed(text):
+        key = (config_hash(text), index)
+        if key not in _RUNTIMES:
+            _RUNTIMES[key] = ClientRuntime(text, index, config_lib.from_text)
+        return _RUNTIMES[key]
+    if "inputs" not in store:
+        raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
+    key = (config_hash(text), index, store["inputs"])
+    if key not in _RUNTIMES:
+        train, _ = nodes.node_local(text, index, context)
+        cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
+        built = nodes.build_from_inputs(cfg, info, nodes.base_dir(context))
+        _RUNTIMES[key] = ClientRuntime(text, index, lambda _: (cfg, built), lambda i: nodes.own_data(train, i, info),
+                                       identity=config_hash(store["inputs"]))
+    return _RUNTIMES[key]
+
+
+def _answer(m: dict, text: str, index: int, context: Context, store: dict) -> dict:
+    """The reply to ``m``: a ``[data]`` run's ``hello`` (the node's :class:`~fedmcmc.app.inputs.ClientSummary`)
+    and ``nodes`` (the run's inputs, kept in ``store``) here, the rest by the node's :class:`ClientRuntime`."""
+    if m["kind"] == "hello" and "data" in nodes.parsed(text):
+        _, summary = nodes.node_local(text, index, context)
+        return {"index": index, "num_clients": nodes.num_clients(nodes.parsed(text)["data"]),
+                "shapes": [summary.input_shape, []], "summary": nodes.summary_to_json(summary)}
+    if m["kind"] == "nodes":
+        store["inputs"] = m["inputs"]
+        return {"ok": 1}
+    return _runtime(text, index, context, store).handle(m, store)
 
 
 def _faults(node_config) -> dict:
@@ -144,18 +179,14 @@ def handle(msg: Message, context: Context) -> Message:
     _compilation_cache(m.get("state_dir"))
     index = int(context.node_config.get("partition-id", -1))
     text = str(context.run_config["config"])  # the run's config travels with the run, read once per run
-    key = (config_hash(text), index)
-    if key not in _RUNTIMES:
-        _RUNTIMES[key] = ClientRuntime(text, index, config_lib.from_text)
-    runtime = _RUNTIMES[key]
     store = dict(context.state[META]) if META in context.state else {}
-    if store.get("config") not in (None, key[0]):
+    if store.get("config") not in (None, config_hash(text)):
         store = {}  # a new run with another config on this node
     fault = _faults(context.node_config).get(m.get("k")) if m["kind"] == "round" else None
     if fault == "fail":
         raise RuntimeError(f"client {index}: injected failure in round {m['k']}")
-    reply = runtime.handle(m, store)
-    store["config"] = key[0]
+    reply = _answer(m, text, index, context, store)
+    store["config"] = config_hash(text)
     context.state[META] = ConfigRecord(store)
     if fault == "malformed":  # undecodable bytes in place of the first array
         for name in reply:
@@ -181,35 +212,39 @@ class GridTransport:
     """Client indices to SuperNodes over a Flower ``Grid``.
 
     Before round 1 every node answers a ``hello`` (its ``partition-id``, client count and data
-    shapes); a node that fails, a partition claimed twice or missing, another client count, or
-    data shapes unlike the other nodes' stop the run with a message naming the SuperNode. Before
-    each round, a SuperNode that joined since (a restarted node has a new node id) is greeted the
-    same way and takes over its partition: it rejoins the run from its own saved state."""
+    shapes; kept in ``hellos``); a node that fails, a partition claimed twice or missing, another
+    client count, or data shapes unlike the other nodes' stop the run with a message naming the
+    SuperNode. Before each round, a SuperNode that joined since (a restarted node has a new node
+    id) is greeted the same way, sent ``welcome`` if set (a ``[data]`` run's inputs), and takes
+    over its partition: it rejoins the run from its own saved state."""
 
-    def __init__(self, grid: Grid, runtime: ServerRuntime, wait: float = 300.0):
-        self.grid, self.runtime, self.shapes, self.refused = grid, runtime, None, set()
-        self.poll = float(runtime.flower["poll_interval"])
+    def __init__(self, grid: Grid, num_clients: int, flower: dict, wait: float = 300.0):
+        self.grid, self.b, self.flower, self.shapes, self.refused = grid, num_clients, flower, None, set()
+        self.welcome: dict | None = None
+        self.poll = float(flower["poll_interval"])
         if not 0 < self.poll <= 10:
             raise ValueError(f"[flower] poll_interval must be in (0, 10] seconds (got {self.poll}); the default is 0.1")
         deadline = time.monotonic() + wait
-        while len(nodes := list(grid.get_node_ids())) < runtime.b:
+        while len(ids := list(grid.get_node_ids())) < self.b:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{len(nodes)} SuperNode(s) connected after {wait:.0f} s, the config has "
-                                   f"{runtime.b} clients; start one SuperNode per client")
+                raise RuntimeError(f"{len(ids)} SuperNode(s) connected after {wait:.0f} s, the config has "
+                                   f"{self.b} clients; start one SuperNode per client")
             time.sleep(0.2)
         self.node: dict[int, int] = {}
+        self.hellos: dict[int, dict] = {}
+
         def every_partition(replies):  # Flower lists a dead node for up to a minute: do not wait for it
             answered = {int(from_content(r.content)["index"]) for r in replies if not r.has_error()}
-            return answered >= set(range(runtime.b))
+            return answered >= set(range(self.b))
 
-        for n, h in sorted(self._hello(nodes, every_partition), key=lambda r: (isinstance(r[1], dict), _index(r[1]))):
+        for n, h in sorted(self._hello(ids, every_partition), key=lambda r: (isinstance(r[1], dict), _index(r[1]))):
             if isinstance(h, str):
                 raise RuntimeError(h)
             i = self._check(n, h)
             if i in self.node:
                 raise RuntimeError(f"two SuperNodes claim partition-id {i}; give each node its own partition-id")
-            self.node[i] = n
-        missing = sorted(set(range(runtime.b)) - set(self.node))
+            self.node[i], self.hellos[i] = n, h
+        missing = sorted(set(range(self.b)) - set(self.node))
         if missing:
             raise RuntimeError(f"no SuperNode answered for client(s) {missing}")
         self.index = {n: i for i, n in self.node.items()}
@@ -217,19 +252,21 @@ class GridTransport:
     def _hello(self, nodes, enough=None) -> list[tuple[int, dict | str]]:
         """(node id, hello reply, or why the node failed) for each node that answered (all of
         them, or until ``enough(replies)``)."""
-        sent = [Message(to_content(self.runtime._message("hello")), dst_node_id=int(n),
-                        message_type=MessageType.QUERY) for n in nodes]
+        return self._send(nodes, {"kind": "hello"}, enough)
+
+    def _send(self, nodes, message: dict, enough=None) -> list[tuple[int, dict | str]]:
+        sent = [Message(to_content(message), dst_node_id=int(n), message_type=MessageType.QUERY) for n in nodes]
         return [(int(r.metadata.src_node_id),
                  f"SuperNode {r.metadata.src_node_id} failed to start its client: {r.error.reason}"
                  if r.has_error() else from_content(r.content))
-                for r in self.send_and_receive(sent, self.runtime.flower["round_timeout"], enough)]
+                for r in self.send_and_receive(sent, self.flower["round_timeout"], enough)]
 
     def _check(self, n: int, h: dict) -> int:
         """The partition of node ``n`` from its hello ``h``, checked against the run and the other nodes."""
         i, name = int(h["index"]), f"SuperNode {n} (partition-id {h['index']})"
-        if int(h["num_clients"]) != self.runtime.b:
+        if int(h["num_clients"]) != self.b:
             raise RuntimeError(f"{name} has {h['num_clients']} clients in its run config, the server "
-                               f"{self.runtime.b}; every node needs the run's config")
+                               f"{self.b}; every node needs the run's config")
         self.shapes = self.shapes or (name, h["shapes"])
         if h["shapes"] != self.shapes[1]:
             raise RuntimeError(f"{name} holds data of shapes {h['shapes']} per point, {self.shapes[0]} "
@@ -247,6 +284,10 @@ class GridTransport:
                 if isinstance(h, str):
                     raise RuntimeError(h)
                 i = self._check(n, h)
+                if self.welcome is not None:
+                    welcomed = self._send([n], self.welcome)
+                    if not welcomed or isinstance(welcomed[0][1], str):
+                        raise RuntimeError(f"SuperNode {n} did not take the run's inputs")
             except RuntimeError as err:
                 log.warning("ignoring a new SuperNode: %s", err)
                 continue
@@ -290,11 +331,31 @@ class GridTransport:
         return out
 
 
-def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str) -> dict:
+def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=None):
+    """``(runtime, transport)`` of a run: the nodes greeted, the server's side built. A ``[data]``
+    run is built from what the nodes tell (:mod:`fedmcmc.app.flower.nodes`): the server opens no
+    data file; it sends the nodes the run's inputs (their standardisation) before anything else."""
+    cfg = nodes.parsed(cfg_text)
+    if "data" not in cfg:
+        runtime = ServerRuntime(cfg_text, out, config_lib.from_text, resume=resume)
+        return runtime, GridTransport(grid, runtime.b, runtime.flower)
+    transport = GridTransport(grid, nodes.num_clients(cfg["data"]), {**DEFAULTS, **cfg.get("flower", {})})
+    summaries = [nodes.summary_from_json(transport.hellos[i]["summary"]) for i in range(transport.b)]
+    nodes.check_columns(summaries, [f"SuperNode {transport.node[i]} (partition-id {i})" for i in range(transport.b)])
+    info, _ = inputs.combine(cfg["data"], summaries)
+    built = nodes.build_from_inputs(cfg, info, base_dir)
+    transport.welcome = {"kind": "nodes", "inputs": json.dumps(info._asdict())}
+    replies = transport.exchange({i: transport.welcome for i in range(transport.b)}, transport.flower["round_timeout"])
+    missing = [i for i, r in replies.items() if r is None]
+    if missing:
+        raise RuntimeError(f"client(s) {missing} did not take the run's inputs; see their SuperNodes' logs")
+    return ServerRuntime(cfg_text, out, lambda _: (cfg, built), resume=resume), transport
+
+
+def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str, base_dir=None) -> dict:
     """The ServerApp's work: run the rounds and write the output folder of ``fedmcmc run``."""
     started = time.perf_counter()
-    runtime = ServerRuntime(cfg_text, out, config_lib.from_text, resume=resume)
-    transport = GridTransport(grid, runtime)
+    runtime, transport = start_server(grid, cfg_text, out, resume, base_dir)
     res = runtime.run(transport, progress=True)
     seconds = runtime.stats["round_seconds"]
     stats = {k: v for k, v in runtime.stats.items() if k != "round_seconds"}
@@ -312,7 +373,8 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     out = Path(str(rc["out"]))
     try:
-        run_server(grid, str(rc["config"]), str(out), bool(rc.get("resume", False)), str(rc.get("engine", "deployment")))
+        run_server(grid, str(rc["config"]), str(out), bool(rc.get("resume", False)),
+                   str(rc.get("engine", "deployment")), str(rc.get("data-dir", "")) or None)
         (out / "flower-done.txt").write_text("done\n")  # every output written, for the launchers
     except BaseException as err:
         out.mkdir(parents=True, exist_ok=True)

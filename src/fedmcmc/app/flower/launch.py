@@ -31,14 +31,21 @@ APP_DIR = Path(__file__).parent / "flwr_app"
 
 
 def prepare_config(path, clients: int | None = None) -> str:
-    """The config's TOML text, checked, with ``[problem]`` resized to ``clients`` if given."""
+    """The config's TOML text, checked, with ``[problem]`` resized to ``clients`` if given (a ``[data]``
+    run's sampler and client count are checked here too, before any process starts)."""
     from fedmcmc.app import config as config_lib
+
+    from fedmcmc.app.flower import nodes
 
     cfg = config_lib.load(path)
     text = Path(path).read_text()
+    if "data" in cfg:
+        nodes.check_sampler(cfg)
+        nodes.num_clients(cfg["data"])
     if clients is not None:
-        if clients < 1:
-            raise ValueError(f"--clients must be >= 1 (got {clients})")
+        if clients < 1 or "problem" not in cfg:
+            raise ValueError(f"--clients N resizes a [problem] (N >= 1, got {clients}); a [data] run has one "
+                             "client per entry of files, or partition's num_clients")
         key = "num_shards" if cfg["problem"]["name"] == "gaussian-blobs" else "num_clients"
         text = _set_key(text, "problem", key, clients)
         config_lib.validate(tomllib.loads(text))
@@ -63,31 +70,47 @@ def _set_key(text: str, section: str, key: str, value) -> str:
 
 
 def num_clients(text: str) -> int:
+    """The run's client count, without reading its data (``[data]``: :func:`fedmcmc.app.flower.nodes.num_clients`)."""
     from fedmcmc.app import config as config_lib
+    from fedmcmc.app.flower import nodes
 
-    return config_lib.from_text(text)[1].data.num_clients
+    cfg = tomllib.loads(text)
+    return nodes.num_clients(cfg["data"]) if "data" in cfg else config_lib.from_text(text)[1].data.num_clients
+
+
+def data_paths(text: str, base_dir) -> dict[int, dict]:
+    """``{i: {"data-path": file i}}`` (absolute) for a config of ``[data] files = [...]`` (names of
+    files, not LEAF users): each SuperNode of a local deployment reads its own file."""
+    files = tomllib.loads(text).get("data", {}).get("files")
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return {}
+    return {i: {"data-path": str((Path(base_dir) / f).absolute())} for i, f in enumerate(files)}
 
 
 def run_sim(config_path, out, clients: int | None = None, resume: bool = False) -> dict:
     """Run on Flower's simulation engine (``flwr run`` on a local SuperLink started with
-    ``--simulation``, one virtual SuperNode per client); returns the ``results.json`` payload."""
+    ``--simulation``, one virtual SuperNode per client); returns the ``results.json`` payload.
+    The engine gives its virtual nodes no node config of ours: node i of a ``[data]`` run reads
+    client i of the config's ``[data]`` (paths from the config's folder, the run config's ``data-dir``)."""
     text = prepare_config(config_path, clients)
     out = Path(out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "run.toml"
     cfg_path.write_text(text)
     with LocalDeployment(num_clients(text), out / "simulation", simulation=True) as dep:
-        return dep.run(cfg_path, out, resume=resume)
+        return dep.run(cfg_path, out, resume=resume, data_dir=Path(config_path).parent)
 
 
-def run_config_file(text: str, out: Path, resume: bool, engine: str) -> Path:
+def run_config_file(text: str, out: Path, resume: bool, engine: str, data_dir=None) -> Path:
     """The file given to ``flwr run --run-config``: the run's TOML travels whole, as the run config's
     ``config`` value (Flower flattens a run-config file into keys the app declares, with int, float,
-    bool or str values, so the sections and lists of a ``fedmcmc run`` TOML cannot be flattened)."""
+    bool or str values, so the sections and lists of a ``fedmcmc run`` TOML cannot be flattened);
+    ``data-dir`` is where the config's relative paths start (its folder)."""
     path = out / "flower-run.toml"
     path.write_text(f"config = {json.dumps(text, ensure_ascii=False)}\n"
                     f"out = {json.dumps(str(out), ensure_ascii=False)}\n"
-                    f"resume = {str(resume).lower()}\nengine = {json.dumps(engine)}\n")
+                    f"resume = {str(resume).lower()}\nengine = {json.dumps(engine)}\n"
+                    f"data-dir = {json.dumps(str(Path(data_dir or out).absolute()), ensure_ascii=False)}\n")
     return path
 
 
@@ -195,12 +218,13 @@ class LocalDeployment:
         """The latest process of SuperNode ``i``."""
         return self.nodes[i]
 
-    def run(self, cfg_path, out, resume: bool = False, timeout: float = 1800.0) -> dict:
+    def run(self, cfg_path, out, resume: bool = False, timeout: float = 1800.0, data_dir=None) -> dict:
         """Submit the app with ``flwr run`` and wait for ``out/results.json``."""
-        return self.wait(self.submit(cfg_path, out, resume), timeout)
+        return self.wait(self.submit(cfg_path, out, resume, data_dir), timeout)
 
-    def submit(self, cfg_path, out, resume: bool = False) -> Path:
-        """Submit the run of the config file ``cfg_path`` (its text travels in the run config)."""
+    def submit(self, cfg_path, out, resume: bool = False, data_dir=None) -> Path:
+        """Submit the run of the config file ``cfg_path`` (its text travels in the run config;
+        relative data paths start at ``data_dir``, default: its folder)."""
         import subprocess
 
         out = Path(out).absolute()
@@ -210,7 +234,7 @@ class LocalDeployment:
             if old.exists():
                 old.unlink()
         engine = "simulation" if self.simulation else "deployment"
-        run_config = run_config_file(Path(cfg_path).read_text(), out, resume, engine)
+        run_config = run_config_file(Path(cfg_path).read_text(), out, resume, engine, data_dir or Path(cfg_path).parent)
         federation = ["--federation-config", f"num-supernodes={self.n} client-resources-num-cpus=1 "
                       "init-args-num-cpus=1 init-args-log-to-driver=false"] if self.simulation else []
         done = subprocess.run([self.bin("flwr"), "run", str(APP_DIR), "local", "--run-config", str(run_config),
@@ -311,11 +335,13 @@ def _descendants(pid: int) -> list[int]:
 
 
 def run_deploy(config_path, out, clients: int | None = None, resume: bool = False) -> dict:
-    """Run on a local deployment (SuperLink + one SuperNode per client on 127.0.0.1)."""
+    """Run on a local deployment (SuperLink + one SuperNode per client on 127.0.0.1); with
+    ``[data] files = [...]``, SuperNode i reads file i from its node config (``data-path``)."""
     text = prepare_config(config_path, clients)
     out = Path(out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "run.toml"
     cfg_path.write_text(text)
-    with LocalDeployment(num_clients(text), out / "deployment") as dep:
-        return dep.run(cfg_path, out, resume=resume)
+    folder = Path(config_path).parent
+    with LocalDeployment(num_clients(text), out / "deployment", node_config=data_paths(text, folder)) as dep:
+        return dep.run(cfg_path, out, resume=resume, data_dir=folder)

@@ -43,10 +43,10 @@ def config_hash(text: str) -> str:
 _SHARED: dict[str, dict] = {}
 
 
-def _shared_client(cfg_text: str, build: Build) -> dict:
-    """The built problem and the jitted client functions of a config, shared by the clients
-    of one process (data and client index are arguments, so they compile once)."""
-    key = config_hash(cfg_text)
+def _shared_client(cfg_text: str, build: Build, identity: str = "") -> dict:
+    """The built problem and the jitted client functions of a config (and ``identity``), shared by
+    the clients of one process (data and client index are arguments, so they compile once)."""
+    key = config_hash(cfg_text) + identity
     if key in _SHARED:
         return _SHARED[key]
     cfg, built = build(cfg_text)
@@ -83,10 +83,13 @@ class ClientRuntime:
 
     ``handle(message, store)`` answers one server message; ``store`` is the node's persistent
     dict (Flower's ``Context.state``), holding ``committed`` and ``pending`` client states.
+    ``data_fn(index)`` gives the client's own data (a ``ClientData`` with a leading axis of one)
+    in place of its part of the built run's data; ``identity`` names a build that is not the
+    config text's alone (runs of one text that ``build`` builds differently).
     """
 
-    def __init__(self, cfg_text: str, index: int, build: Build, data_fn: Callable | None = None):
-        shared = _shared_client(cfg_text, build)
+    def __init__(self, cfg_text: str, index: int, build: Build, data_fn: Callable | None = None, identity: str = ""):
+        shared = _shared_client(cfg_text, build, identity)
         self.cfg, self.sampler = shared["cfg"], shared["sampler"]
         data = shared["data"]
         self.b = data.num_clients
