@@ -395,3 +395,6 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
         "qlsd++", "qlsd*").replace("refresh_every = 2\n", ""), node_config=paths)
     with pytest.raises(config.ConfigError, match=r"qlsd\* cannot run on node-local data: .*federated mode"):
         apps.start_server(grid, grid.text, tmp_path / "qlsd-star")
+    auto = grid.text.replace("qlsd*", "qlsd++").replace("step_size = ", "step_size = \"auto\"\n# ")
+    with pytest.raises(config.ConfigError, match=r'step_size = "auto" cannot run on node-local data'):
+        apps.start_server(InProcessGrid(apps.make_client_app(), 3, auto, node_config=paths), auto, tmp_path / "auto")

@@ -138,12 +138,18 @@ def _label_dtype(info: inputs_lib.Inputs):
 
 
 def check_sampler(cfg: dict) -> None:
-    """Refuse a sampler of :data:`REFUSED` (a ``[data]`` run on Flower), naming those that work."""
+    """Refuse a sampler of :data:`REFUSED` (a ``[data]`` run on Flower), naming those that work, and
+    ``step_size = "auto"``, whose curvature rounds need the federated mode as well."""
     name = config_lib.sampler_name(cfg)
     if name in REFUSED:
         usable = [s for s in REGISTRY if s not in REFUSED]
         raise config_lib.ConfigError(f"{name} cannot run on node-local data: {REFUSED[name]}; use one of "
                                      f"{', '.join(usable)} (docs/flower.md)")
+    if cfg["sampler"].get("step_size") == "auto":
+        raise config_lib.ConfigError('step_size = "auto" cannot run on node-local data yet: its curvature is taken '
+                                     "at the federated mode, which is not yet computed as Flower rounds; give a "
+                                     "number (e.g. the value `fedmcmc run` printed on data you may pool, or the "
+                                     "rule of docs/design.md \"Step sizes\" with your own estimate)")
 
 
 def build_from_inputs(cfg: dict, info: inputs_lib.Inputs, base_dir=None) -> config_lib.Built:
