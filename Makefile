@@ -30,8 +30,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	-@$(MAKE) --no-print-directory fashion-mnist  # tests that need it say so and skip if this fails
 	# three workers on two cores: the Flower deployment test mostly waits on Flower's polling, and a
-	# third worker keeps both cores busy meanwhile; a test file stays on one worker (shared fixtures once)
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=25
+	# third worker keeps both cores busy meanwhile; a test file stays on one worker (shared fixtures once);
+	# files start in tests/conftest.py's order (longest first), not xdist's default (most tests first)
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 bench: $(STAMP)
 	$(BIN)/fedmcmc bench --out results/bench

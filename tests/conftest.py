@@ -17,10 +17,12 @@ if "PYTEST_XDIST_WORKER" not in os.environ and "JAX_COMPILATION_CACHE_DIR" not i
                       FEDMCMC_TESTS_OWN_XLA_CACHE="1")
 
 # Longest files first (measured with --durations=0), in this order: `make test` spreads files over
-# several workers, and these would otherwise start last and run alone at the end. The deployment
+# several workers (in this order with --no-loadscope-reorder; xdist's default puts the files of
+# most tests first), and these would otherwise start last and run alone at the end. The deployment
 # test starts first because it mostly waits on Flower's polling, which the other workers fill.
-SLOWEST_FIRST = ("test_flower_deploy.py", "test_no_hang.py", "test_fa_hmc.py", "test_flower.py",
-                 "test_qlsd_mean_recursion.py", "test_runtime.py")
+SLOWEST_FIRST = ("test_flower_deploy.py", "test_no_hang.py", "test_conformance.py", "test_fa_hmc.py",
+                 "test_cli.py", "test_qlsd_mean_recursion.py", "test_dsgld_experiments.py", "test_flower.py",
+                 "test_runtime.py", "test_step.py", "test_tutorial.py")
 
 
 def pytest_collection_modifyitems(items):
