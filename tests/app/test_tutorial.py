@@ -43,3 +43,10 @@ def test_tutorial_commands_run_as_written(tmp_path):
     new = pd.read_csv(tmp_path / "runs/sim/new_patients.csv")
     assert len(new) == 40 and list(new.columns[:2]) == ["p_benign", "p_malignant"] and new["correct"].mean() > 0.85
     np.testing.assert_allclose(new.filter(regex="^p_").sum(axis=1), 1.0, rtol=1e-5)
+    # over Flower: the nodes read their own files; the same samples as the simulator (printed True)
+    assert proc.stdout.strip() == "same samples: True", proc.stdout
+    flower = json.loads((tmp_path / "runs/flower/results.json").read_text())
+    assert flower["flower"]["engine"] == "deployment" and flower["flower"]["missing_replies"] == 0
+    # the Flower config's step is the one the simulator's "auto" chose, as the tutorial says
+    step = json.loads((tmp_path / "runs/sim/results.json").read_text())["step"]
+    assert f"step_size = {step['value']:.4g} " in (tmp_path / "hospitals/hospitals-flower.toml").read_text()

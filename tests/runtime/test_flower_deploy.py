@@ -1,8 +1,7 @@
 """The deployment engine, for real: a SuperLink and SuperNodes on 127.0.0.1 with TLS and
 SuperNode authentication (certificates and keys generated here), one deployment serving
-several checks: same samples as the simulator for QLSD++ (its ServerApp killed and the run
-resumed) and FA-HMC (node-local data: each SuperNode reads its own CSV file),
-an unauthenticated node kept out, a SuperNode killed and restarted mid-run
+several checks: same samples as the simulator for QLSD++ on node-local data (each SuperNode
+reads its own CSV file), with its ServerApp killed and the run resumed; an unauthenticated node kept out, a SuperNode killed and restarted mid-run
 (it rejoins under its partition) and a malformed reply (docs/flower.md)."""
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from test_flower import FA_HMC, QLSD_PP, SITES, reference, write_sites
+from test_flower import QLSD_PP, SITES, reference, write_sites
 
 from fedmcmc.app.flower.launch import LocalDeployment, data_paths, free_port
 
@@ -98,24 +97,23 @@ def test_deployment_with_tls_and_auth_same_samples_faults(deployment, tmp_path):
                                 stdout=open(tmp_path / "intruder.log", "w"), stderr=subprocess.STDOUT,
                                 start_new_session=True)
     dep.procs.append(intruder)
-    fahmc = SITES + "[sampler]" + FA_HMC.split("[sampler]")[1].replace("step_size = 0.05", "step_size = 0.01")
-    for name, text in (("qlsdpp", QLSD_PP), ("fahmc", fahmc)):
-        text = short(text, 2, "round_timeout = 600")
-        ref = reference(text, tmp_path)
-        text = text.replace("site-", "nowhere-")  # the nodes read their data-path; the server reads none
-        path = tmp_path / f"{name}.toml"
-        path.write_text(text)
-        if name == "qlsdpp":  # the ServerApp is killed after round 0, and the run resumed
-            result = dep.submit(path, tmp_path / name)
-            _wait_for(tmp_path / name / "chunks" / "chunk_000000.npz")
-            dep.kill_serverapp()
-            assert not result.exists()
-        payload = dep.run(path, tmp_path / name, resume=name == "qlsdpp", timeout=900)
-        chunks = sorted((tmp_path / name / "chunks").glob("chunk_*.npz"))
-        samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
-        np.testing.assert_array_equal(samples, ref.samples)  # bit for bit, TLS + auth on
-        assert payload["flower"]["engine"] == "deployment" and payload["flower"]["missing_replies"] == 0
-        assert payload["flower"]["rounds_this_session"] == (1 if name == "qlsdpp" else 2)
+    # QLSD++ on the sites' CSV files, each node reading its own (FA-HMC over Flower: test_flower.py and
+    # the conformance test); the ServerApp is killed after round 0 and the run resumed
+    text = short(SITES + "[sampler]" + QLSD_PP.split("[sampler]")[1], 2, "round_timeout = 600")
+    ref = reference(text, tmp_path)
+    text = text.replace("site-", "nowhere-")  # the nodes read their data-path; the server reads none
+    path = tmp_path / "qlsdpp.toml"
+    path.write_text(text)
+    result = dep.submit(path, tmp_path / "qlsdpp")
+    _wait_for(tmp_path / "qlsdpp" / "chunks" / "chunk_000000.npz")
+    dep.kill_serverapp()
+    assert not result.exists()
+    payload = dep.run(path, tmp_path / "qlsdpp", resume=True, timeout=900)
+    chunks = sorted((tmp_path / "qlsdpp" / "chunks").glob("chunk_*.npz"))
+    samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
+    np.testing.assert_array_equal(samples, ref.samples)  # bit for bit, TLS + auth on
+    assert payload["flower"]["engine"] == "deployment" and payload["flower"]["missing_replies"] == 0
+    assert payload["flower"]["rounds_this_session"] == 1
     # faults (full participation): node 0 is killed after round 0 and restarted at once with a new
     # key (a new node id; it fails rounds 1 and 2 if they reach it, and rejoins for round 3), node 2
     # sends garbage in round 2; the run goes on without them

@@ -3,8 +3,9 @@
 ``three-hospitals`` (docs/tutorial.md): three sites, each with its own CSV file of patients
 (the 30 features of the Wisconsin breast-cancer set shipped with scikit-learn, and a
 ``diagnosis`` column, ``benign`` or ``malignant``), of different sizes and label balance, plus
-``new_patients.csv`` (rows no site holds) and ``hospitals.toml``, a run config of Bayesian
-logistic regression sampled by QLSD++ with 8-bit uploads.
+``new_patients.csv`` (rows no site holds), ``hospitals.toml``, a run config of Bayesian
+logistic regression sampled by QLSD++ with 8-bit uploads, and ``hospitals-flower.toml``, its
+first rounds over Flower.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ SITES = {"site_a.csv": (90, 0.15), "site_b.csv": (180, 0.4), "site_c.csv": (120,
 NEW_PATIENTS = 40
 
 HOSPITALS_TOML = """\
-# Bayesian logistic regression on three hospitals' own files (docs/tutorial.md)
+# Bayesian logistic regression on three hospitals' own files (docs/tutorial.md){title}
 [data]
 files = ["site_a.csv", "site_b.csv", "site_c.csv"]   # one client per file, relative to this file
 target = "diagnosis"
@@ -33,22 +34,30 @@ prior_scale = 1.0
 
 [sampler]
 name = "qlsd++"
-step_size = {step_size}                                  # from the curvature at the mode (docs/design.md)
+step_size = {step_size}
 compression = {{ bits = 8 }}
 batch_fraction = 0.2
 refresh_every = 10                                    # clients refresh their control variates every 10 rounds
 
 [run]
 seed = 0
-num_chains = 8
-num_iterations = 250000                                 # rounds: about 25 s here
-burn_in = 10000
-thinning = 100
+{run}
 """
+#: The simulator's run: the step from the curvature at the mode, 8 chains of 250,000 rounds (about 25 s here).
+SIMULATOR = dict(title="", step_size='"auto"                                    # from the curvature at the mode',
+                 run="num_chains = 8\nnum_iterations = 250000\nburn_in = 10000\nthinning = 100")
+#: The same run's first rounds over Flower, where each node reads its own file: a deployment
+#: round costs seconds, not microseconds (docs/flower.md), and "auto" needs the federated mode,
+#: not yet computed as Flower rounds, so the step is the one "auto" chose in the simulator.
+FLOWER = dict(title=": its first rounds over Flower\n#   fedmcmc flower deploy hospitals-flower.toml",
+              step_size="0.001898                                  # the value step_size = \"auto\" printed",
+              run="num_chains = 2\nnum_iterations = 6\nchunk_size = 2                                        "
+                  "# the server writes draws (and can resume) every 2 rounds\n\n[flower]\nround_timeout = 300")
 
 
-def three_hospitals(folder: str | Path, step_size: float | str = "auto") -> list[Path]:
-    """Write the three sites' CSV files, ``new_patients.csv`` and ``hospitals.toml`` into ``folder``.
+def three_hospitals(folder: str | Path) -> list[Path]:
+    """Write the three sites' CSV files, ``new_patients.csv``, ``hospitals.toml`` (the simulator's
+    run) and ``hospitals-flower.toml`` (its first rounds over Flower) into ``folder``.
 
     Rows are drawn without replacement (seed 0), so no patient is in two files.
 
@@ -76,9 +85,9 @@ def three_hospitals(folder: str | Path, step_size: float | str = "auto") -> list
     rest = rng.permutation(pools["benign"] + pools["malignant"])[:NEW_PATIENTS]
     written.append(folder / "new_patients.csv")
     frame.iloc[rest].to_csv(written[-1], index=False)
-    written.append(folder / "hospitals.toml")
-    written[-1].write_text(HOSPITALS_TOML.format(step_size=f'"{step_size}"' if isinstance(step_size, str)
-                                                 else f"{step_size:g}"))
+    for name, settings in (("hospitals.toml", SIMULATOR), ("hospitals-flower.toml", FLOWER)):
+        written.append(folder / name)
+        written[-1].write_text(HOSPITALS_TOML.format(**settings))
     return written
 
 
