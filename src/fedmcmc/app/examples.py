@@ -51,7 +51,7 @@ SIMULATOR = dict(title="", step_size='"auto"                                    
 #: not yet computed as Flower rounds, so the step is the one "auto" chose in the simulator.
 FLOWER = dict(title=": its first rounds over Flower\n#   fedmcmc flower deploy hospitals-flower.toml",
               step_size="0.001898                                  # the value step_size = \"auto\" printed",
-              run="num_chains = 2\nnum_iterations = 6\nchunk_size = 2                                        "
+              run="num_chains = 2\nnum_iterations = 4\nchunk_size = 2                                        "
                   "# the server writes draws (and can resume) every 2 rounds\n\n[flower]\nround_timeout = 300")
 
 
