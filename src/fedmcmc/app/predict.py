@@ -29,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 
+from fedmcmc.data import local
 from fedmcmc.evaluation.classification import as_probs, entropy
 from fedmcmc.evaluation.predict import predict_bma
 from fedmcmc.evaluation.regression import predictive_interval
@@ -76,10 +77,7 @@ def read_rows(path, record: dict, target) -> tuple[np.ndarray, np.ndarray | None
         raise ValueError(f"{path}: column(s) {bad[:5]} hold non-numeric, missing or infinite values; fix those rows")
     if len(frame) == 0:
         raise ValueError(f"{path} has no rows to predict")
-    x = features.to_numpy(np.float64)
-    scaling = record.get("scaling")
-    if scaling:
-        x = (x - np.asarray(scaling["mean"], np.float64).reshape(-1)) / np.asarray(scaling["scale"], np.float64).reshape(-1)
+    x = local.apply_scaling(features.to_numpy(np.float64), local.scaling_from(record.get("scaling")))
     return x.reshape((len(x), *record["input_shape"])), (None if label is None else frame[label].to_numpy())
 
 
@@ -106,16 +104,12 @@ def _columns(columns: list[str], record: dict, target, path) -> tuple[list[str],
 
 def _class_index(values, record: dict, path) -> np.ndarray:
     """Target values as class indices: by the declared class names, else integers ``0..K-1``."""
-    names = record.get("class_names")
-    index = {name: k for k, name in enumerate(names)} if names else {str(k): k for k in range(record["num_classes"])}
-
-    def key(v):
-        return str(int(v)) if isinstance(v, (float, np.floating)) and float(v).is_integer() else str(v)
-
-    unknown = sorted({key(v) for v in values} - set(index))
+    names = record.get("class_names") or [str(k) for k in range(record["num_classes"])]
+    index = {local.class_key(name): k for k, name in enumerate(names)}  # the training labels' keys
+    unknown = sorted({local.class_key(v) for v in values} - set(index))
     if unknown:
         raise ValueError(f"{path}: target values {unknown[:5]} are not among the run's classes {list(index)}")
-    return np.array([index[key(v)] for v in values])
+    return np.array([index[local.class_key(v)] for v in values])
 
 
 def predict(run_dir, data, out=None, *, level: float = 0.94,

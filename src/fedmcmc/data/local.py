@@ -157,7 +157,7 @@ def _leaf(section: dict, path: Path) -> list[tuple[str, _Raw]]:
             for user, (x, y) in zip(leaf.users, leaf.clients)]
 
 
-def _key(value) -> str:
+def class_key(value) -> str:
     """A label value as a class key: numbers by value (``1``, ``1.0`` and ``"1"`` alike), else the text."""
     try:
         number = float(value)
@@ -181,18 +181,18 @@ def _labels(section: dict, raw: _Raw) -> np.ndarray:
         return labels.astype(np.float64)
     classes = section.get("classes")
     if classes is not None:
-        index = {_key(c): k for k, c in enumerate(classes)}
+        index = {class_key(c): k for k, c in enumerate(classes)}
         for i, v in enumerate(labels):
-            if _key(v) not in index:
+            if class_key(v) not in index:
                 raise ValueError(f"{raw.row(i)}, {column}: label {v!r} is not among classes = {list(classes)}; "
                                  "fix the row or add the class")
-        return np.asarray([index[_key(v)] for v in labels], np.int32)
+        return np.asarray([index[class_key(v)] for v in labels], np.int32)
     for i, v in enumerate(labels):
-        key = _key(v)
+        key = class_key(v)
         if not key.isdigit():
             raise ValueError(f"{raw.row(i)}, {column}: label {v!r} is not a class index 0, 1, ...; declare "
                              "classes = [...] in [data] to name the classes")
-    return np.asarray([int(_key(v)) for v in labels], np.int32)
+    return np.asarray([int(class_key(v)) for v in labels], np.int32)
 
 
 def _checked(section: dict, raw: _Raw, source: str) -> LocalData:
@@ -366,6 +366,12 @@ def pooled_scale(parts: Sequence[Moments]) -> Scaling:
     var = second - mean**2
     constant = var <= 1e-12 * np.maximum(second, np.finfo(np.float64).tiny)
     return Scaling(mean, np.where(constant, 1.0, np.sqrt(np.where(constant, 1.0, var))))
+
+
+def scaling_from(record: dict | None) -> Scaling | None:
+    """The :class:`Scaling` of a run's record (``{"mean": [...], "scale": [...]}``, as
+    ``results.json["inputs"]["scaling"]`` holds it), or None."""
+    return None if not record else Scaling(np.asarray(record["mean"], np.float64), np.asarray(record["scale"], np.float64))
 
 
 def apply_scaling(x, scaling: Scaling | None) -> np.ndarray:

@@ -128,11 +128,6 @@ def inputs_from_json(text: str) -> inputs_lib.Inputs:
     return inputs_lib.Inputs(**{**d, "clients": tuple(d["clients"])})
 
 
-def scaling_of(info: inputs_lib.Inputs) -> local.Scaling | None:
-    s = info.scaling
-    return None if s is None else local.Scaling(np.asarray(s["mean"], np.float64), np.asarray(s["scale"], np.float64))
-
-
 def _label_dtype(info: inputs_lib.Inputs):
     return np.float32 if info.task == "regression" else np.int32
 
@@ -172,7 +167,7 @@ def own_data(train: local.LocalData, index: int, info: inputs_lib.Inputs) -> Cli
         raise RuntimeError(f"client {index}: its data changed since it greeted the server; restart the run")
     x = np.zeros((1, n_max) + train.x.shape[1:], np.float32)
     y = np.zeros((1, n_max), _label_dtype(info))
-    x[0, :len(train.y)], y[0, :len(train.y)] = local.apply_scaling(train.x, scaling_of(info)), train.y
+    x[0, :len(train.y)], y[0, :len(train.y)] = local.apply_scaling(train.x, local.scaling_from(info.scaling)), train.y
     return ClientData((x, y), jnp.asarray([len(train.y)], jnp.int32), jnp.asarray([index], jnp.int32))
 
 
