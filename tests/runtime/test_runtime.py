@@ -35,6 +35,45 @@ def test_import_changes_nothing_in_jax():
     assert out.stdout == bare.stdout
 
 
+SPREAD = """
+import jax, jax.numpy as jnp, numpy as np, fedmcmc
+from fedmcmc.data.synthetic import heterogeneous_gaussian
+from fedmcmc.models.gaussian import gaussian_mean
+from fedmcmc.samplers import qlsd_sharp
+from fedmcmc.compression import quantization
+from fedmcmc.runtime import devices
+from fedmcmc.runtime.simulator import Chains
+data = heterogeneous_gaussian(num_clients=3, dim=2)
+sampler = qlsd_sharp(gaussian_mean(2), 1e-3, 2, quantization(4))
+assert devices.placement(None, 4) is None  # CPU: one device unless asked, and asking is refused
+try:
+    fedmcmc.simulate(0, sampler, data, np.zeros(2), 2, num_chains=4, devices=2)
+except ValueError as err:
+    print(err)
+theta0 = np.random.default_rng(0).normal(size=(5, 2)).astype(np.float32)
+one = Chains(sampler, data, jnp.linalg.norm, 3, range(5), theta0)
+two = Chains(sampler, data, jnp.linalg.norm, 3, range(5), theta0, tuple(jax.devices()))  # 3 + 3 chains, 1 dropped
+assert two.width == 6 and len(two.carry.server_state.position.sharding.device_set) == 2
+same = [all(np.array_equal(a[k], b[k]) for k in a) for a, b in [(one.run(0, 3, 2), two.run(0, 3, 2))]]
+same += [np.array_equal(x, y) for x, y in zip(one.state(), two.state())]
+two.restore(one.state())  # a checkpoint of either runs on the other
+same += [all(np.array_equal(a[k], b[k]) for k in a) for a, b in [(one.run(6, 3, 2), two.run(6, 3, 2))]]
+print("identical", all(same), np.array_equal(one.setup_bits, two.setup_bits))
+"""
+
+
+def test_chains_spread_over_devices_give_the_samples_of_one_device():
+    """The accelerator path (chains over devices with shard_map), run on two XLA CPU devices in a
+    subprocess: bit for bit the draws, bit counts, statistics and state of one device, with an
+    uneven split, across a restore; and refused on CPU through ``simulate`` (docs/design.md)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    out = subprocess.run([sys.executable, "-c", SPREAD], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    refusal, result = out.stdout.strip().splitlines()
+    assert refusal.startswith("devices=2 on CPU") and "use workers=2" in refusal
+    assert result == "identical True True"
+
+
 @pytest.fixture(scope="module")
 def problem():
     data, model = breast_cancer()

@@ -7,8 +7,9 @@ the draws are appended to ``out_dir`` and the full state is checkpointed
 chunk (``resume=True``) and gives exactly the samples of an uninterrupted run.
 
 Chains run in blocks (:class:`Chains`): one block in this process by default, or one block
-per worker process after :func:`fedmcmc.tune_cpu` (:mod:`fedmcmc.runtime.workers`). A block derives
-its chains' keys from their global indices, so the split never changes a sample.
+per worker process after :func:`fedmcmc.tune_cpu` (:mod:`fedmcmc.runtime.workers`), or split over
+local GPUs (:mod:`fedmcmc.runtime.devices`). A block derives its chains' keys from their global
+indices, so the split never changes a sample.
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.core import xla
 from fedmcmc.core.checks import check_schedule
 from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
-from fedmcmc.runtime import cpu, round as rnd
+from fedmcmc.runtime import cpu, devices as placement, round as rnd
 from fedmcmc.runtime.records import (SimulationResult, assemble, check_finite, fingerprint,
                                      save_npz)
 from fedmcmc.runtime.round import chain_keys
@@ -65,15 +65,14 @@ def _total(hi, lo) -> np.ndarray:
 _BUILT: "OrderedDict[tuple, tuple]" = OrderedDict()
 
 
-def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None):
-    """Compiled init and chunk functions, cached so repeated runs of the same sampler on the
-    same data (chunks, resumes, benchmarks) do not compile again."""
-    key = (sampler, id(data.x), id(data.counts), statistic)
+def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, devices: tuple | None):
+    """Compiled init and chunk functions (chains spread over ``devices`` if given), cached so repeated
+    runs of the same sampler on the same data (chunks, resumes, benchmarks) do not compile again."""
+    key = (sampler, id(data.x), id(data.counts), statistic, devices)
     if key in _BUILT:
         _BUILT.move_to_end(key)
         return _BUILT[key][1]
-    init, run_chunk = _compile(sampler, data, statistic)
-    built = xla.jit(init), xla.jit(run_chunk, static_argnums=(3, 4))
+    built = placement.programs(*_compile(sampler, data, statistic), devices)
     _BUILT[key] = (data, built)  # holding data keeps the ids valid
     if len(_BUILT) > 16:
         _BUILT.popitem(last=False)
@@ -175,15 +174,16 @@ class Chains:
 
     Holds the compiled programs and the chains' state between chunks. The same object runs
     inside a worker process (:mod:`fedmcmc.runtime.workers`), where :class:`fedmcmc.runtime.workers.Remote`
-    forwards these methods to it.
+    forwards these methods to it, or split over ``devices`` (:mod:`fedmcmc.runtime.devices`).
     """
 
     def __init__(self, sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, seed: int,
-                 chains: range, theta0):
+                 chains: range, theta0, devices: tuple | None = None):
         self.chains = chains
-        self.init, self.chunk = _build(sampler, data, statistic)
-        self.keys = chain_keys(seed, np.arange(chains.start, chains.stop))
-        theta0 = jnp.asarray(theta0, jnp.float32)
+        self.init, self.chunk = _build(sampler, data, statistic, devices)
+        self.width = placement.width(len(chains), devices)
+        self.keys = chain_keys(seed, np.arange(chains.start, chains.start + self.width))
+        theta0 = jnp.asarray(placement.pad(theta0, self.width), jnp.float32)
         try:
             carry_shape = jax.eval_shape(self.init, self.keys, theta0)[0]
             jax.eval_shape(lambda k, c: self.chunk(k, c, jnp.int32(0), 1, 1), self.keys, carry_shape)
@@ -191,7 +191,8 @@ class Chains:
             raise ValueError(f"theta0 of shape {tuple(theta0.shape[1:])} does not fit this sampler and data "
                              f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
         self.carry, (up, down) = self.init(self.keys, theta0)
-        self.setup_bits = (np.asarray(up, np.int64).sum(axis=1), np.asarray(down, np.int64) * data.num_clients)
+        n = len(chains)
+        self.setup_bits = (np.asarray(up, np.int64)[:n].sum(axis=1), np.asarray(down, np.int64)[:n] * data.num_clients)
 
     def run(self, k0: int, num_draws: int, thinning: int) -> dict:
         """Rounds ``k0 + 1 .. k0 + num_draws * thinning``: positions ``[chains, draws, m, d]``, the
@@ -202,15 +203,16 @@ class Chains:
         if stats is not None:
             s = np.asarray(stats)  # [chains, draws, thinning, ...]
             out["stats"] = s.reshape((s.shape[0], num_draws * thinning) + s.shape[3:])
-        return out
+        return {name: x[:len(self.chains)] for name, x in out.items()}
 
     def state(self) -> list[np.ndarray]:
         """The chains' full state, as leaves with the chain axis first (for checkpoints)."""
-        return [np.asarray(x) for x in jax.tree_util.tree_leaves(self.carry)]
+        return [np.asarray(x)[:len(self.chains)] for x in jax.tree_util.tree_leaves(self.carry)]
 
     def restore(self, leaves) -> None:
         treedef = jax.tree_util.tree_structure(self.carry)
-        self.carry = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in leaves])
+        self.carry = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(placement.pad(x, self.width))
+                                                            for x in leaves])
 
     def submit(self, method: str, *args) -> None:
         """Call ``method(*args)`` now; :meth:`result` returns what it returned (the interface
@@ -232,9 +234,12 @@ def _blocks(num_chains: int, workers: int) -> list[range]:
 
 
 def _start(seed: int, sampler: FederatedSampler, data: FederatedData, statistic, theta0: np.ndarray,
-           workers: int | None) -> list:
-    """The blocks of chains: in this process, or spread over worker processes (the
-    :func:`fedmcmc.tune_cpu` default, on CPU only)."""
+           workers: int | None, devices: int | None) -> list:
+    """The blocks of chains: in this process (on one device or spread over several), or spread
+    over worker processes (the :func:`fedmcmc.tune_cpu` default, on CPU only)."""
+    spread = placement.placement(devices, theta0.shape[0])
+    if spread is not None:
+        return [Chains(sampler, data, statistic, seed, range(theta0.shape[0]), theta0, spread)]
     if workers is None:
         workers = cpu.default_workers()
     if jax.default_backend() != "cpu":
@@ -314,7 +319,8 @@ def _restore(chunk_dir: Path | None, resume: bool, run_fingerprint: str, blocks)
 def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, num_iterations: int, *,
              num_chains: int = 1, burn_in: int = 0, thinning: int = 1, statistic: Callable | None = None,
              chunk_size: int | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
-             progress: bool = False, description: str | None = None, workers: int | None = None) -> SimulationResult:
+             progress: bool = False, description: str | None = None, workers: int | None = None,
+             devices: int | None = None) -> SimulationResult:
     """Run ``num_chains`` independent chains of a federated sampler for ``num_iterations`` rounds.
 
     Parameters
@@ -345,11 +351,14 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         Worker processes to spread the chains over (:mod:`fedmcmc.runtime.workers`); default: the
         number set by :func:`fedmcmc.tune_cpu`, which is 1 (this process) until it is called.
         The samples do not depend on it.
+    devices
+        Local GPUs or TPUs to spread the chains over (:mod:`fedmcmc.runtime.devices`); default: all
+        of them on a GPU or TPU, one on CPU (more is refused). The samples do not depend on it.
     """
     theta0, chunk_size = _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size,
                                   out_dir, resume)
     theta0 = np.asarray(theta0)
-    blocks = _start(seed, sampler, data, statistic, theta0, workers)
+    blocks = _start(seed, sampler, data, statistic, theta0, workers, devices)
     setup_bits = tuple(np.concatenate(parts) for parts in zip(*(block.setup_bits for block in blocks)))
     m = int(sampler.draws_per_round)
     run_fingerprint = fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,
