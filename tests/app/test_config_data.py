@@ -159,3 +159,7 @@ def test_bad_data_one_line_exit_2_nothing_written(tmp_path, frame, capsys):
          model='name = "logistic"\nhidden = [3]')
     case("needs", frame.iloc[50:90], "'model_needs:needs' needs ['depth']; set them in [model]",
          model='name = "model_needs:needs"', module=USER_MODEL + "\n\ndef needs(num_features, depth):\n    pass\n")
+    (tmp_path / "devices").mkdir()
+    path = write(tmp_path / "devices", frame, data='files = ["site_a.csv", "site_b.csv"]', parts=good)
+    path.write_text(path.read_text() + "devices = 2\n")  # [run] is the last section
+    run_fails(capsys, path, "devices=2 on CPU", "use workers=2")

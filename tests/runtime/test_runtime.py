@@ -59,6 +59,8 @@ same += [np.array_equal(x, y) for x, y in zip(one.state(), two.state())]
 two.restore(one.state())  # a checkpoint of either runs on the other
 same += [all(np.array_equal(a[k], b[k]) for k in a) for a, b in [(one.run(6, 3, 2), two.run(6, 3, 2))]]
 print("identical", all(same), np.array_equal(one.setup_bits, two.setup_bits))
+from fedmcmc.app.bench import devices as bench  # on CPU: the device facts only
+print(sorted(bench.measure(sampler, data, 2).items())[:3])
 """
 
 
@@ -69,9 +71,10 @@ def test_chains_spread_over_devices_give_the_samples_of_one_device():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     out = subprocess.run([sys.executable, "-c", SPREAD], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    refusal, result = out.stdout.strip().splitlines()
+    refusal, result, facts = out.stdout.strip().splitlines()
     assert refusal.startswith("devices=2 on CPU") and "use workers=2" in refusal
     assert result == "identical True True"
+    assert facts == "[('count', 2), ('device_kind', 'cpu'), ('platform', 'cpu')]"
 
 
 @pytest.fixture(scope="module")

@@ -150,8 +150,9 @@ def _main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     args = _parser().parse_args(argv)
+    if args.command == "flower":  # one JAX per node process: on a GPU each would take most of its memory
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.runtime.workers import WorkerError
 

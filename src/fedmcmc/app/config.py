@@ -20,6 +20,7 @@ and ``[run]``. Relative file paths are relative to the config file's folder. Exa
     seed = 0
     num_chains = 4
     num_iterations = 20000            # burn_in = 10000, thinning = 10 and chunk_size are optional
+                                      # devices = 2: local GPUs to spread the chains over (default all)
 
 Both sections are registries. A ``[problem]`` may set its builder's keyword arguments
 (:func:`fedmcmc.app.problems.settings`). A ``[sampler]`` may set its builder's arguments
@@ -50,9 +51,10 @@ from fedmcmc.app.inputs import model_from_config
 from fedmcmc.compression import resolve_compressor
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
+from fedmcmc.runtime import devices
 from fedmcmc.runtime.simulator import simulate
 
-_RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size"}
+_RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices"}
 #: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
 _OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact", "poll_interval"}}
 
@@ -344,11 +346,13 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     r = dict(cfg["run"])
     checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1),
                           r.get("chunk_size"))
+    devices.placement(r.get("devices"), r["num_chains"])  # refused before anything is written
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(path.read_text())
     res = simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim), r["num_iterations"],
                    num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
-                   chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress)
+                   chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress,
+                   devices=r.get("devices"))
     return report(cfg, built, res, out, started)
 
 

@@ -52,18 +52,16 @@ def placement(devices: int | None, num_chains: int) -> tuple | None:
     local = jax.local_devices()
     platform = jax.default_backend()
     if devices is None:
-        count = 1 if platform == "cpu" else len(local)
-    elif isinstance(devices, bool) or not isinstance(devices, (int, np.integer)) or devices < 1:
+        devices = 1 if platform == "cpu" else len(local)
+    if isinstance(devices, bool) or not isinstance(devices, (int, np.integer)) or devices < 1:
         raise ValueError(f"devices must be a positive integer, or unset for every local GPU/TPU (got {devices!r})")
-    elif devices > len(local):
+    if devices > 1 and platform == "cpu":
+        raise ValueError(f"devices={devices} on CPU: chains over XLA CPU devices of one process can deadlock "
+                         f"(docs/design.md, 'Chains over cores'); use workers={devices} (worker processes) instead")
+    if devices > len(local):
         raise ValueError(f"devices={devices} but JAX has {len(local)} {platform} device(s) here; "
                          f"give at most {len(local)}")
-    else:
-        count = int(devices)
-    if count > 1 and platform == "cpu":
-        raise ValueError(f"devices={count} on CPU: chains over XLA CPU devices of one process can deadlock "
-                         f"(docs/design.md, 'Chains over cores'); use workers={count} (worker processes) instead")
-    count = min(count, num_chains // 2)
+    count = min(int(devices), num_chains // 2)
     return tuple(local[:count]) if count > 1 else None
 
 

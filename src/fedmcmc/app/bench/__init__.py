@@ -26,7 +26,7 @@ import numpy as np
 from fedmcmc.runtime import cpu, io
 from fedmcmc.estimators import gradients
 from fedmcmc.app import problems
-from fedmcmc.app.bench import numpy_reference
+from fedmcmc.app.bench import devices as device_bench, numpy_reference
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
 from fedmcmc.models import logistic_regression
@@ -116,6 +116,7 @@ def run(out: Path, quick: bool = False) -> dict:
         "quick": quick,
         "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
         "workers": cpu.default_workers(),
+        "devices": device_bench.measure(star, data, iters),
         "qlsd_star_chain_iterations_per_second": {"ours_30_chains": ours, "ours_30_chains_one_process": ours_one_process,
                                                    "ours_1_chain": ours_one, "numpy_reference_1_chain": numpy_rate},
         "speedup_vs_numpy": ours / numpy_rate,
