@@ -274,7 +274,8 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
     records what it sees and the reply-size limit mod leave the samples bit for bit, with node 0
     restarted after round 1 (it rejoins under its partition from its saved state); a limit below
     one upload's size refuses every upload (every client inactive, never applied)."""
-    from fedmcmc.app.flower.apps import ARRAYS, GridTransport, make_client_app, reply_limit_mod
+    from fedmcmc.app.flower.apps import ARRAYS, make_client_app, reply_limit_mod
+    from fedmcmc.app.flower.grid import GridTransport
 
     seen = []
 
@@ -301,7 +302,8 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
 def test_a_node_with_other_data_shapes_is_refused_with_its_name(tmp_path, server_identity):
     """The hello exchange checks each node's client count and data shapes (here a mod makes
     partition 2 report a point of 6 features instead of 5)."""
-    from fedmcmc.app.flower.apps import GridTransport, from_content, make_client_app, to_content
+    from fedmcmc.app.flower.apps import from_content, make_client_app, to_content
+    from fedmcmc.app.flower.grid import GridTransport
 
     def other_data(msg, context, call_next):
         reply = call_next(msg, context)
