@@ -3,17 +3,20 @@
 * ``server_app``: a plain ``@app.main()`` loop; it reads ``config`` (the run's TOML text, which
   travels in Flower's run config), ``out`` (output folder) and ``resume`` from the run config,
   discovers which SuperNode holds which client (a ``hello`` message answered with the node's
-  ``partition-id``, client count and data shapes, checked by :class:`~fedmcmc.app.flower.grid.GridTransport`, which also
-  lets a restarted SuperNode rejoin under its partition), builds a ``[data]`` run from the nodes'
+  ``partition-id``, client count and data shapes, checked by
+  :class:`~fedmcmc.app.flower.grid.GridTransport`, which also lets a restarted SuperNode rejoin
+  under its partition and queues a ``hold`` behind each message), builds a ``[data]`` run from the nodes'
   summaries without opening a data file (:func:`start_server`, :mod:`fedmcmc.app.flower.nodes`)
   and runs :class:`~fedmcmc.runtime.flower.server.ServerRuntime` over its own push/pull loop
-  (:meth:`fedmcmc.app.flower.grid.GridTransport.send_and_receive`, polling every ``poll_interval`` seconds).
+  (``GridTransport.send_and_receive``, polling every ``poll_interval`` seconds).
 * ``client_app`` (:func:`make_client_app`, optionally wrapped in Flower mods): one handler for
   ``train`` (rounds) and ``query`` (hello, init, setup) messages that runs
   :class:`~fedmcmc.runtime.flower.client.ClientRuntime` for the node's partition
   (``--node-config "partition-id=i"``) and the run config's ``config``, keeping the client state
-  in ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it, and
-  ``data-path`` the file a ``[data]`` run's node reads as its own client.
+  in ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it,
+  ``data-path`` the file a ``[data]`` run's node reads as its own client, and ``cache-dir`` where
+  it keeps its compiled programs (:func:`cache_dir`). A ``hold`` is answered at once, without
+  importing JAX (docs/flower.md, "Latency per round").
 
 A message is an ``ArrayRecord`` (broadcasts and masks as arrays, the uploads' wire encodings as
 ``uint8`` arrays) and a ``ConfigRecord`` of JSON strings (:func:`to_content`).

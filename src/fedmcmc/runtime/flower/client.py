@@ -180,7 +180,8 @@ class ClientRuntime:
             pending = unpack(store["pending"], self.cs_like)
             cs = jax.tree_util.tree_map(lambda p, c: np.where(accepted.reshape((-1,) + (1,) * (p.ndim - 1)), p, c),
                                         pending, committed)  # runtime.round.select, per chain
-            new_cs, up, bits = self._run("step", self.chain_keys, self._tile(cs), from_leaves(msg["broadcast"], self.bc_like),
+            bc = from_leaves(msg["broadcast"], self.bc_like)
+            new_cs, up, bits = self._run("step", self.chain_keys, self._tile(cs), bc,
                                          np.repeat(mask[:, None], self.width, axis=1), np.asarray(k, np.int32),
                                          self.data, self.ids)
             store.update(committed=pack(cs), pending=pack(new_cs), k=k)
