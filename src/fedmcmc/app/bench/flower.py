@@ -2,7 +2,7 @@
 
 One loopback deployment (a SuperLink and 3 SuperNodes on 127.0.0.1, no TLS, started by
 :class:`fedmcmc.app.flower.launch.LocalDeployment`, the launcher of ``fedmcmc flower deploy``)
-runs, one after the other:
+runs, one after the other (ours and the echoes alternating):
 
 * our QLSD++ and FA-HMC (the examples' samplers, 3 clients), with their ``median_round_seconds``
   and ``median_client_process_seconds`` (seconds from a ClientApp process's start to its round
@@ -97,11 +97,12 @@ def run(out, quick: bool = False, rounds: int | None = None) -> dict:
     out = Path(out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     with LocalDeployment(CLIENTS, out / "deployment") as dep:
-        ours = {name: _ours(dep, out, name, rounds) for name in SAMPLERS}
-        no_hold = _ours(dep, out, "qlsd++", rounds, hold=False)
+        ours = {"qlsd++": _ours(dep, out, "qlsd++", rounds)}  # ours and the echoes alternate (load drifts)
         sizes = int(ours["qlsd++"]["median_round_message_bytes"]), int(ours["qlsd++"]["median_round_reply_bytes"])
         echo = _echo(dep, out / "echo", rounds, *sizes, import_jax=False)
+        ours["fa-hmc"] = _ours(dep, out, "fa-hmc", rounds)
         echo_jax = _echo(dep, out / "echo-jax", rounds, *sizes, import_jax=True)
+        no_hold = _ours(dep, out, "qlsd++", rounds, hold=False)
     round_ratio = max(o["median_round_seconds"] for o in ours.values()) / echo["median_round_seconds"]
     process_ratio = (max(o["median_client_process_seconds"] for o in ours.values())
                      / echo_jax["median_client_process_seconds"])
