@@ -11,8 +11,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 # sampler on the same problem in different processes. It starts empty in every session (a fresh
 # folder, removed at the end), so a run measures the same work each time; a cached executable is
 # the compiled one, bit for bit (the golden-draws test checks samples through it).
+# The Flower nodes' own cache of compiled programs (the user's cache folder, XDG_CACHE_HOME) is
+# put in the same session folder.
 if "PYTEST_XDIST_WORKER" not in os.environ and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ.update(JAX_COMPILATION_CACHE_DIR=tempfile.mkdtemp(prefix="fedmcmc-tests-xla-"),
+    _cache = tempfile.mkdtemp(prefix="fedmcmc-tests-xla-")
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache, XDG_CACHE_HOME=os.path.join(_cache, "user-cache"),
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
                       FEDMCMC_TESTS_OWN_XLA_CACHE="1")
 

@@ -274,7 +274,8 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
     records what it sees and the reply-size limit mod leave the samples bit for bit, with node 0
     restarted after round 1 (it rejoins under its partition from its saved state); a limit below
     one upload's size refuses every upload (every client inactive, never applied)."""
-    from fedmcmc.app.flower.apps import ARRAYS, GridTransport, make_client_app, reply_limit_mod
+    from fedmcmc.app.flower.apps import ARRAYS, make_client_app, reply_limit_mod
+    from fedmcmc.app.flower.grid import GridTransport
 
     seen = []
 
@@ -301,7 +302,8 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
 def test_a_node_with_other_data_shapes_is_refused_with_its_name(tmp_path, server_identity):
     """The hello exchange checks each node's client count and data shapes (here a mod makes
     partition 2 report a point of 6 features instead of 5)."""
-    from fedmcmc.app.flower.apps import GridTransport, from_content, make_client_app, to_content
+    from fedmcmc.app.flower.apps import from_content, make_client_app, to_content
+    from fedmcmc.app.flower.grid import GridTransport
 
     def other_data(msg, context, call_next):
         reply = call_next(msg, context)
@@ -384,6 +386,9 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     remote = text.replace("site-", "nowhere-")  # the server cannot find these; the nodes use data-path
     grid = InProcessGrid(apps.make_client_app(), 3, remote, node_config=paths)
     payload = apps.run_server(grid, remote, tmp_path / "out", False, "test")  # the ServerApp's whole work
+    flower = payload["flower"]  # what `fedmcmc bench --flower` reads
+    assert flower["median_round_message_bytes"] > flower["median_round_reply_bytes"] > 0
+    assert flower["median_client_process_seconds"] > 0
     chunks = sorted((tmp_path / "out" / "chunks").glob("chunk_*"))
     samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
     np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
@@ -398,3 +403,24 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     auto = grid.text.replace("qlsd*", "qlsd++").replace("step_size = ", "step_size = \"auto\"\n# ")
     with pytest.raises(config.ConfigError, match=r'step_size = "auto" cannot run on node-local data'):
         apps.start_server(InProcessGrid(apps.make_client_app(), 3, auto, node_config=paths), auto, tmp_path / "auto")
+
+
+def test_a_kept_program_is_loaded_by_another_process_and_gives_the_same_bits(tmp_path):
+    """A client's compiled program kept on disk (fedmcmc.runtime.flower.programs) is loaded, not
+    compiled again, and computes what the compiled program computes, bit for bit."""
+    import subprocess
+    import sys
+
+    from fedmcmc.runtime.flower import programs
+
+    code = ("import sys, numpy as np, jax\n"
+            "from fedmcmc.runtime.flower import programs\n"
+            "f = lambda k, x: {'y': x / (1 + jax.random.normal(k, x.shape) ** 2)}\n"
+            "args = (np.asarray(jax.random.PRNGKey(0)), np.linspace(0, 1, 7, dtype=np.float32))\n"
+            "p = programs.program(sys.argv[1], 'f', f, args)\n"
+            "print(type(p).__name__, *np.asarray(p(*args)['y']).view(np.uint32))\n")
+    runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+            .stdout.split() for _ in range(2)]
+    assert runs[0][0] == "Compiled" and runs[1][0] == programs.Program.__name__ and runs[0][1:] == runs[1][1:]
+    assert len(list(tmp_path.glob("*.exe"))) == 1
+

@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--resume", action="store_true", help="continue a run whose server stopped, in the same --out")
     b = sub.add_parser("bench", help="measure throughput against the NumPy reference")
     b.add_argument("--quick", action="store_true")
+    b.add_argument("--flower", action="store_true", help="also time rounds on a loopback Flower deployment "
+                   "against a trivial Flower app (docs/benchmarks.md)")
     b.add_argument("--out", type=Path, default=Path("results/bench"))
     _workers_option(b)
     return p
@@ -141,10 +143,12 @@ def _main(args) -> int:
     if args.command == "bench":
         from fedmcmc.app.bench import run as run_bench
 
-        payload = run_bench(args.out, quick=args.quick)
+        payload = run_bench(args.out, quick=args.quick, flower=args.flower)
         print(f"wrote {args.out}/bench.json: speedup_vs_numpy {payload['speedup_vs_numpy']:.1f}, "
               f"federation_overhead {payload['federation_overhead']:.2f}, "
-              f"fa_hmc_overhead {payload['fa_hmc_overhead']:.2f}")
+              f"fa_hmc_overhead {payload['fa_hmc_overhead']:.2f}"
+              + (f", flower_round_ratio {payload['flower_round_ratio']:.2f}, flower_client_process_ratio "
+                 f"{payload['flower_client_process_ratio']:.2f}" if args.flower else ""))
         return 0
     raise AssertionError(args.command)
 

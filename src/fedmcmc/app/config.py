@@ -42,21 +42,16 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from fedmcmc.core import checks
-from fedmcmc.evaluation import diagnostics
 from fedmcmc.estimators import gradients, surrogates
-from fedmcmc.runtime import io
-from fedmcmc.app import inputs, outputs, problems
-from fedmcmc.app import step as auto
+from fedmcmc.app import inputs, problems
 from fedmcmc.app.inputs import model_from_config
 from fedmcmc.compression import resolve_compressor
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
-from fedmcmc.runtime import devices
-from fedmcmc.runtime.simulator import simulate
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices"}
 #: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
-_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact", "poll_interval"}}
+_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact", "poll_interval", "hold"}}
 
 
 class ConfigError(ValueError):
@@ -326,6 +321,8 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Buil
                  if param not in _ARGUMENTS and _RENAMED.get(param, param) in section})
     step = {"value": section.get("step_size"), "rule": "given"}
     if section.get("step_size") == "auto":
+        from fedmcmc.app import step as auto
+
         param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
         args[param], step = auto.auto_step(cfg["run"].get("seed", 0), name, args, model, data, args.get("mode"))
     entry = REGISTRY[name]
@@ -337,6 +334,10 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     """Run a config file with the simulator into ``out``: ``config.toml`` (the text as given),
     the chunks as they finish, then :func:`report`'s outputs. Nothing is written when the
     config or its data are refused."""
+    from fedmcmc.app import step as auto
+    from fedmcmc.runtime import devices
+    from fedmcmc.runtime.simulator import simulate
+
     path, out = Path(path), Path(out)
     cfg = load(path)
     started = time.perf_counter()
@@ -361,6 +362,10 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are added to
     ``results.json``. The errors against the exact posterior are there for a ``[problem]``; ``inputs``
     records a ``[data]`` run's data, whose outputs are :func:`fedmcmc.app.outputs.write_run`'s."""
+    from fedmcmc.app import outputs  # the writers and plots: not needed to build a run (a Flower client)
+    from fedmcmc.evaluation import diagnostics
+    from fedmcmc.runtime import io
+
     exact = built.exact
     mean = res.samples.mean(axis=(0, 1))
     var = res.samples.var(axis=(0, 1))

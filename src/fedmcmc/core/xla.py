@@ -85,6 +85,14 @@ def jit(fun, **kwargs):
     return call
 
 
+def lower(fun, *args, **kwargs):
+    """``jax.jit(fun, **kwargs).lower(*args)`` the way :func:`jit` compiles (YNNPACK option,
+    unrolled threefry): ``.compile()`` gives the program :func:`jit` runs for these argument
+    shapes, which can then be kept on disk (:mod:`fedmcmc.runtime.flower.programs`)."""
+    with _unrolled_threefry():
+        return jax.jit(fun, compiler_options=COMPILER_OPTIONS, **kwargs).lower(*args)
+
+
 def materialize(x):
     """Return the integer array ``x`` unchanged, but computed once by the compiler.
 

@@ -14,7 +14,6 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
-from scipy import special
 
 from fedmcmc.core.base import Model
 from fedmcmc.data.federated import FederatedData
@@ -57,6 +56,8 @@ class GaussianPosterior(NamedTuple):
         E = sigma sqrt(2) Gamma((d+1)/2) / Gamma(d/2) 1F1(-1/2; d/2; -lambda^2/2),
         with sigma = sqrt(var) and lambda = ||mean|| / sigma.
         """
+        from scipy import special  # here only: scipy costs a Flower client process 0.5 s to import
+
         d = self.mean.shape[0]
         sigma = np.sqrt(self.var)
         lam2 = float(np.sum(self.mean.astype(np.float64) ** 2)) / self.var

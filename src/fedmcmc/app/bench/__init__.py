@@ -26,7 +26,7 @@ import numpy as np
 from fedmcmc.runtime import cpu, io
 from fedmcmc.estimators import gradients
 from fedmcmc.app import problems
-from fedmcmc.app.bench import devices as device_bench, numpy_reference
+from fedmcmc.app.bench import devices as device_bench, flower as flower_bench, numpy_reference
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
 from fedmcmc.models import logistic_regression
@@ -89,7 +89,7 @@ def dsgld_rates(chains: int, rounds: int, local_steps: int = 200) -> dict:
                          "local_steps": local_steps, "batch_size": 10}}
 
 
-def run(out: Path, quick: bool = False) -> dict:
+def run(out: Path, quick: bool = False, flower: bool = False) -> dict:
     data, model, batch, mode = _toy()
     iters = 2_000 if quick else 10_000
     numpy_iters = 500 if quick else 3_000
@@ -135,5 +135,7 @@ def run(out: Path, quick: bool = False) -> dict:
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
     }
+    if flower:  # deployment rounds and client processes on Flower (fedmcmc.app.bench.flower)
+        payload.update(flower_bench.run(Path(out) / "flower", quick))
     io.write_json(Path(out) / "bench.json", payload)
     return payload

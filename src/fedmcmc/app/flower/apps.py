@@ -3,17 +3,20 @@
 * ``server_app``: a plain ``@app.main()`` loop; it reads ``config`` (the run's TOML text, which
   travels in Flower's run config), ``out`` (output folder) and ``resume`` from the run config,
   discovers which SuperNode holds which client (a ``hello`` message answered with the node's
-  ``partition-id``, client count and data shapes, checked by :class:`GridTransport`, which also
-  lets a restarted SuperNode rejoin under its partition), builds a ``[data]`` run from the nodes'
+  ``partition-id``, client count and data shapes, checked by
+  :class:`~fedmcmc.app.flower.grid.GridTransport`, which also lets a restarted SuperNode rejoin
+  under its partition and queues a ``hold`` behind each message), builds a ``[data]`` run from the nodes'
   summaries without opening a data file (:func:`start_server`, :mod:`fedmcmc.app.flower.nodes`)
   and runs :class:`~fedmcmc.runtime.flower.server.ServerRuntime` over its own push/pull loop
-  (:meth:`GridTransport.send_and_receive`, polling every ``poll_interval`` seconds).
+  (``GridTransport.send_and_receive``, polling every ``poll_interval`` seconds).
 * ``client_app`` (:func:`make_client_app`, optionally wrapped in Flower mods): one handler for
   ``train`` (rounds) and ``query`` (hello, init, setup) messages that runs
   :class:`~fedmcmc.runtime.flower.client.ClientRuntime` for the node's partition
   (``--node-config "partition-id=i"``) and the run config's ``config``, keeping the client state
-  in ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it, and
-  ``data-path`` the file a ``[data]`` run's node reads as its own client.
+  in ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it,
+  ``data-path`` the file a ``[data]`` run's node reads as its own client, and ``cache-dir`` where
+  it keeps its compiled programs (:func:`cache_dir`). A ``hold`` is answered at once, without
+  importing JAX (docs/flower.md, "Latency per round").
 
 A message is an ``ArrayRecord`` (broadcasts and masks as arrays, the uploads' wire encodings as
 ``uint8`` arrays) and a ``ConfigRecord`` of JSON strings (:func:`to_content`).
@@ -35,16 +38,28 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, 
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
-from fedmcmc.app import config as config_lib  # noqa: E402
-from fedmcmc.app import inputs  # noqa: E402
-from fedmcmc.app.flower import nodes  # noqa: E402
-from fedmcmc.runtime.flower.client import ClientRuntime, config_hash  # noqa: E402
-from fedmcmc.runtime.flower.server import DEFAULTS, ServerRuntime, log  # noqa: E402
+from fedmcmc.app.flower.clock import process_seconds  # noqa: E402
+
+# JAX and the samplers are imported where they are used (``_lib``): a ClientApp process that
+# answers a ``hold`` imports none of them (docs/flower.md, "Latency per round").
+log = logging.getLogger("fedmcmc.runtime.flower")
 
 META, ARRAYS = "fedmcmc", "fedmcmc-arrays"
 #: Round messages are Flower ``train`` messages (so Flower's mods that act on training see them);
-#: the other exchanges (hello, init, setup) are ``query`` messages.
+#: the other exchanges (hello, init, setup) are ``query`` messages, and so is ``hold``.
 TRAIN_KINDS = {"round"}
+#: A message the server queues behind every other message of a node, answered at once: the
+#: SuperNode, after its reply, finds it instead of nothing (and a 3-s sleep, see docs/flower.md).
+HOLD = "hold"
+
+
+def _lib():
+    """The modules a ClientApp or ServerApp needs beyond Flower (JAX, the samplers), on first use."""
+    from fedmcmc.app import config, inputs
+    from fedmcmc.app.flower import nodes
+    from fedmcmc.runtime.flower import client, server
+
+    return config, inputs, nodes, client, server
 
 
 def to_content(message: dict) -> RecordDict:
@@ -105,30 +120,36 @@ def reply_limit_mod(max_bytes: int):
 # ClientApp
 # --------------------------------------------------------------------------------------
 
-_RUNTIMES: dict[tuple, ClientRuntime] = {}
-def _runtime(text: str, index: int, context: Context, store: dict) -> ClientRuntime:
-    """The node's client: built from the config (a ``[problem]``), or from the run's ``Inputs``
-    the server sent (the ``nodes`` message) and the node's own data (a ``[data]`` run)."""
+_RUNTIMES: dict[tuple, object] = {}
+
+
+def _runtime(text: str, index: int, context: Context, store: dict, programs):
+    """The node's ``ClientRuntime``: built from the config (a ``[problem]``), or from the run's
+    ``Inputs`` the server sent (the ``nodes`` message) and the node's own data (a ``[data]`` run);
+    its compiled programs kept in the folder ``programs``."""
+    config_lib, _, nodes, client, _ = _lib()
     if "data" not in nodes.parsed(text):
-        key = (config_hash(text), index)
+        key = (client.config_hash(text), index)
         if key not in _RUNTIMES:
-            _RUNTIMES[key] = ClientRuntime(text, index, config_lib.from_text)
+            _RUNTIMES[key] = client.ClientRuntime(text, index, config_lib.from_text, programs=programs)
         return _RUNTIMES[key]
     if "inputs" not in store:
         raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
-    key = (config_hash(text), index, store["inputs"])
+    key = (client.config_hash(text), index, store["inputs"])
     if key not in _RUNTIMES:
         train, _ = nodes.node_local(text, index, context)
         cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
         built = nodes.build_from_inputs(cfg, info, nodes.base_dir(context))
-        _RUNTIMES[key] = ClientRuntime(text, index, lambda _: (cfg, built), lambda i: nodes.own_data(train, i, info),
-                                       identity=config_hash(store["inputs"]))
+        _RUNTIMES[key] = client.ClientRuntime(text, index, lambda _: (cfg, built),
+                                              lambda i: nodes.own_data(train, i, info),
+                                              identity=client.config_hash(store["inputs"]), programs=programs)
     return _RUNTIMES[key]
 
 
-def _answer(m: dict, text: str, index: int, context: Context, store: dict) -> dict:
+def _answer(m: dict, text: str, index: int, context: Context, store: dict, programs) -> dict:
     """The reply to ``m``: a ``[data]`` run's ``hello`` (the node's :class:`~fedmcmc.app.inputs.ClientSummary`)
-    and ``nodes`` (the run's inputs, kept in ``store``) here, the rest by the node's :class:`ClientRuntime`."""
+    and ``nodes`` (the run's inputs, kept in ``store``) here, the rest by the node's ``ClientRuntime``."""
+    nodes = _lib()[2]
     if m["kind"] == "hello" and "data" in nodes.parsed(text):
         _, summary = nodes.node_local(text, index, context)
         return {"index": index, "num_clients": nodes.num_clients(nodes.parsed(text)["data"]),
@@ -136,7 +157,7 @@ def _answer(m: dict, text: str, index: int, context: Context, store: dict) -> di
     if m["kind"] == "nodes":
         store["inputs"] = m["inputs"]
         return {"ok": 1}
-    return _runtime(text, index, context, store).handle(m, store)
+    return _runtime(text, index, context, store, programs).handle(m, store)
 
 
 def _faults(node_config) -> dict:
@@ -149,16 +170,12 @@ def _faults(node_config) -> dict:
     return {int(k): kind for k in rounds.split(",")}
 
 
-def _compilation_cache(state_dir) -> None:
-    """On the deployment engine every message runs in a new process: JAX's persistent
-    compilation cache (in the node's state folder) saves compiling the client's functions
-    again for every round. Compiled programs are the same, so are the samples."""
-    import jax
-
-    if state_dir and not jax.config.jax_compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(Path(state_dir) / "jax-cache"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+def cache_dir(node_config) -> Path:
+    """Where a node keeps what outlives a run, the client's compiled programs (``programs/``,
+    :mod:`fedmcmc.runtime.flower.programs`): its node config's ``cache-dir``, else the user's cache
+    folder (``$XDG_CACHE_HOME``, default ``~/.cache``, then ``fedmcmc``); not a run's output folder."""
+    given = str(node_config.get("cache-dir", "")) or None
+    return Path(given or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedmcmc")
 
 
 def make_client_app(mods=()) -> ClientApp:
@@ -172,28 +189,31 @@ def make_client_app(mods=()) -> ClientApp:
 
 
 def handle(msg: Message, context: Context) -> Message:
-    """Answer one server message with the node's :class:`ClientRuntime`."""
+    """Answer one server message with the node's ``ClientRuntime`` (a ``hold`` at once)."""
     m = from_content(msg.content)
+    if m["kind"] == HOLD:
+        return Message(to_content({"kind": HOLD}), reply_to=msg)
+    client = _lib()[3]
     if context.node_config.get("state-dir"):
         m["state_dir"] = str(context.node_config["state-dir"])
-    _compilation_cache(m.get("state_dir"))
+    cache = cache_dir(context.node_config)
     index = int(context.node_config.get("partition-id", -1))
     text = str(context.run_config["config"])  # the run's config travels with the run, read once per run
     store = dict(context.state[META]) if META in context.state else {}
-    if store.get("config") not in (None, config_hash(text)):
+    if store.get("config") not in (None, client.config_hash(text)):
         store = {}  # a new run with another config on this node
     fault = _faults(context.node_config).get(m.get("k")) if m["kind"] == "round" else None
     if fault == "fail":
         raise RuntimeError(f"client {index}: injected failure in round {m['k']}")
-    reply = _answer(m, text, index, context, store)
-    store["config"] = config_hash(text)
+    reply = _answer(m, text, index, context, store, cache / "programs")
+    store["config"] = client.config_hash(text)
     context.state[META] = ConfigRecord(store)
     if fault == "malformed":  # undecodable bytes in place of the first array
         for name in reply:
             if name.startswith("blob/"):
                 reply[name] = b"\xff\x00garbage"
                 break
-    return Message(to_content(reply), reply_to=msg)
+    return Message(to_content({**reply, "process_seconds": process_seconds()}), reply_to=msg)
 
 
 client_app = make_client_app()
@@ -204,142 +224,18 @@ client_app = make_client_app()
 # --------------------------------------------------------------------------------------
 
 
-def _index(hello) -> int:
-    return int(hello["index"]) if isinstance(hello, dict) else -1
-
-
-class GridTransport:
-    """Client indices to SuperNodes over a Flower ``Grid``.
-
-    Before round 1 every node answers a ``hello`` (its ``partition-id``, client count and data
-    shapes; kept in ``hellos``); a node that fails, a partition claimed twice or missing, another
-    client count, or data shapes unlike the other nodes' stop the run with a message naming the
-    SuperNode. Before each round, a SuperNode that joined since (a restarted node has a new node
-    id) is greeted the same way, sent ``welcome`` if set (a ``[data]`` run's inputs), and takes
-    over its partition: it rejoins the run from its own saved state."""
-
-    def __init__(self, grid: Grid, num_clients: int, flower: dict, wait: float = 300.0):
-        self.grid, self.b, self.flower, self.shapes, self.refused = grid, num_clients, flower, None, set()
-        self.welcome: dict | None = None
-        self.poll = float(flower["poll_interval"])
-        if not 0 < self.poll <= 10:
-            raise ValueError(f"[flower] poll_interval must be in (0, 10] seconds (got {self.poll}); the default is 0.1")
-        deadline = time.monotonic() + wait
-        while len(ids := list(grid.get_node_ids())) < self.b:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{len(ids)} SuperNode(s) connected after {wait:.0f} s, the config has "
-                                   f"{self.b} clients; start one SuperNode per client")
-            time.sleep(0.2)
-        self.node: dict[int, int] = {}
-        self.hellos: dict[int, dict] = {}
-
-        def every_partition(replies):  # Flower lists a dead node for up to a minute: do not wait for it
-            answered = {int(from_content(r.content)["index"]) for r in replies if not r.has_error()}
-            return answered >= set(range(self.b))
-
-        for n, h in sorted(self._hello(ids, every_partition), key=lambda r: (isinstance(r[1], dict), _index(r[1]))):
-            if isinstance(h, str):
-                raise RuntimeError(h)
-            i = self._check(n, h)
-            if i in self.node:
-                raise RuntimeError(f"two SuperNodes claim partition-id {i}; give each node its own partition-id")
-            self.node[i], self.hellos[i] = n, h
-        missing = sorted(set(range(self.b)) - set(self.node))
-        if missing:
-            raise RuntimeError(f"no SuperNode answered for client(s) {missing}")
-        self.index = {n: i for i, n in self.node.items()}
-
-    def _hello(self, nodes, enough=None) -> list[tuple[int, dict | str]]:
-        """(node id, hello reply, or why the node failed) for each node that answered (all of
-        them, or until ``enough(replies)``)."""
-        return self._send(nodes, {"kind": "hello"}, enough)
-
-    def _send(self, nodes, message: dict, enough=None) -> list[tuple[int, dict | str]]:
-        sent = [Message(to_content(message), dst_node_id=int(n), message_type=MessageType.QUERY) for n in nodes]
-        return [(int(r.metadata.src_node_id),
-                 f"SuperNode {r.metadata.src_node_id} failed to start its client: {r.error.reason}"
-                 if r.has_error() else from_content(r.content))
-                for r in self.send_and_receive(sent, self.flower["round_timeout"], enough)]
-
-    def _check(self, n: int, h: dict) -> int:
-        """The partition of node ``n`` from its hello ``h``, checked against the run and the other nodes."""
-        i, name = int(h["index"]), f"SuperNode {n} (partition-id {h['index']})"
-        if int(h["num_clients"]) != self.b:
-            raise RuntimeError(f"{name} has {h['num_clients']} clients in its run config, the server "
-                               f"{self.b}; every node needs the run's config")
-        self.shapes = self.shapes or (name, h["shapes"])
-        if h["shapes"] != self.shapes[1]:
-            raise RuntimeError(f"{name} holds data of shapes {h['shapes']} per point, {self.shapes[0]} "
-                               f"{self.shapes[1]}; every node's data needs the same features")
-        return i
-
-    def _rejoin(self) -> None:
-        """Greet SuperNodes that joined since the last round; each takes over its partition."""
-        new = set(map(int, self.grid.get_node_ids())) - set(self.index) - self.refused
-        if not new:
-            return
-        self.refused |= new  # greeted once: a node that does not answer is not asked again
-        for n, h in self._hello(sorted(new)):
-            try:
-                if isinstance(h, str):
-                    raise RuntimeError(h)
-                i = self._check(n, h)
-                if self.welcome is not None:
-                    welcomed = self._send([n], self.welcome)
-                    if not welcomed or isinstance(welcomed[0][1], str):
-                        raise RuntimeError(f"SuperNode {n} did not take the run's inputs")
-            except RuntimeError as err:
-                log.warning("ignoring a new SuperNode: %s", err)
-                continue
-            self.index.pop(self.node.get(i), None)
-            self.node[i], self.index[n] = n, i
-            log.warning("SuperNode %d joined as partition-id %d; it continues from its saved state", n, i)
-
-    def send_and_receive(self, messages: list[Message], timeout: float | None, enough=None) -> list[Message]:
-        """Flower's ``Grid.send_and_receive`` with our poll interval: push, then pull every
-        ``poll_interval`` seconds (Flower's own checks every 3 s) until every reply is in,
-        ``enough(replies)``, or ``timeout`` seconds have passed (the missing clients are then inactive)."""
-        pending = set(self.grid.push_messages(messages))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        replies: list[Message] = []
-        while pending:
-            got = list(self.grid.pull_messages(pending))
-            replies.extend(got)
-            pending.difference_update(r.metadata.reply_to_message_id for r in got)
-            if not pending or (enough and enough(replies)) or (deadline is not None and time.monotonic() >= deadline):
-                break
-            time.sleep(self.poll if deadline is None else max(0.0, min(self.poll, deadline - time.monotonic())))
-        return replies
-
-    def exchange(self, messages: dict[int, dict], timeout: float | None) -> dict[int, dict | None]:
-        if any(m["kind"] == "round" for m in messages.values()):
-            self._rejoin()
-        out: dict[int, dict | None] = {i: None for i in messages}
-        sent = [Message(to_content(m), dst_node_id=self.node[i], message_type=message_type(m["kind"]))
-                for i, m in messages.items()]
-        for r in self.send_and_receive(sent, timeout):
-            i = self.index.get(int(r.metadata.src_node_id))
-            if i is None or i not in messages:
-                continue
-            if r.has_error():
-                log.warning("client %d replied with an error: %s", i, r.error.reason)
-                continue
-            try:
-                out[i] = from_content(r.content)
-            except Exception as err:  # noqa: BLE001 - malformed reply: client inactive
-                log.warning("client %d sent an unreadable reply: %s", i, err)
-        return out
-
-
 def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=None):
     """``(runtime, transport)`` of a run: the nodes greeted, the server's side built. A ``[data]``
     run is built from what the nodes tell (:mod:`fedmcmc.app.flower.nodes`): the server opens no
     data file; it sends the nodes the run's inputs (their standardisation) before anything else."""
+    from fedmcmc.app.flower.grid import GridTransport
+
+    config_lib, inputs, nodes, _, server = _lib()
     cfg = nodes.parsed(cfg_text)
     if "data" not in cfg:
-        runtime = ServerRuntime(cfg_text, out, config_lib.from_text, resume=resume)
+        runtime = server.ServerRuntime(cfg_text, out, config_lib.from_text, resume=resume)
         return runtime, GridTransport(grid, runtime.b, runtime.flower)
-    transport = GridTransport(grid, nodes.num_clients(cfg["data"]), {**DEFAULTS, **cfg.get("flower", {})})
+    transport = GridTransport(grid, nodes.num_clients(cfg["data"]), {**server.DEFAULTS, **cfg.get("flower", {})})
     summaries = [nodes.summary_from_json(transport.hellos[i]["summary"]) for i in range(transport.b)]
     nodes.check_columns(summaries, [f"SuperNode {transport.node[i]} (partition-id {i})" for i in range(transport.b)])
     info, _ = inputs.combine(cfg["data"], summaries)
@@ -349,7 +245,7 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
     missing = [i for i, r in replies.items() if r is None]
     if missing:
         raise RuntimeError(f"client(s) {missing} did not take the run's inputs; see their SuperNodes' logs")
-    return ServerRuntime(cfg_text, out, lambda _: (cfg, built), resume=resume), transport
+    return server.ServerRuntime(cfg_text, out, lambda _: (cfg, built), resume=resume), transport
 
 
 def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str, base_dir=None) -> dict:
@@ -359,10 +255,16 @@ def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str, base_d
     res = runtime.run(transport, progress=True)
     seconds = runtime.stats["round_seconds"]
     stats = {k: v for k, v in runtime.stats.items() if k != "round_seconds"}
-    stats.update(engine=engine, rounds_this_session=len(seconds),
-                 median_round_seconds=float(sorted(seconds)[len(seconds) // 2]) if seconds else None,
+    stats.update(engine=engine, rounds_this_session=len(seconds), median_round_seconds=_median(seconds),
+                 median_client_process_seconds=_median(transport.process),
+                 median_round_message_bytes=_median([d for d, _ in transport.sizes]),
+                 median_round_reply_bytes=_median([u for _, u in transport.sizes]),
                  max_round_seconds=float(max(seconds)) if seconds else None)
-    return config_lib.report(runtime.cfg, runtime.built, res, Path(out), started, flower=stats)
+    return _lib()[0].report(runtime.cfg, runtime.built, res, Path(out), started, flower=stats)
+
+
+def _median(values) -> float | None:
+    return float(sorted(values)[len(values) // 2]) if values else None
 
 
 server_app = ServerApp()

@@ -225,8 +225,6 @@ class LocalDeployment:
     def submit(self, cfg_path, out, resume: bool = False, data_dir=None) -> Path:
         """Submit the run of the config file ``cfg_path`` (its text travels in the run config;
         relative data paths start at ``data_dir``, default: its folder)."""
-        import subprocess
-
         out = Path(out).absolute()
         out.mkdir(parents=True, exist_ok=True)
         result = out / "results.json"
@@ -235,13 +233,19 @@ class LocalDeployment:
                 old.unlink()
         engine = "simulation" if self.simulation else "deployment"
         run_config = run_config_file(Path(cfg_path).read_text(), out, resume, engine, data_dir or Path(cfg_path).parent)
+        self.flwr_run(APP_DIR, run_config)
+        return result
+
+    def flwr_run(self, app_dir, run_config: Path) -> None:
+        """``flwr run APP_DIR`` on this deployment with the run-config file ``run_config``."""
+        import subprocess
+
         federation = ["--federation-config", f"num-supernodes={self.n} client-resources-num-cpus=1 "
                       "init-args-num-cpus=1 init-args-log-to-driver=false"] if self.simulation else []
-        done = subprocess.run([self.bin("flwr"), "run", str(APP_DIR), "local", "--run-config", str(run_config),
+        done = subprocess.run([self.bin("flwr"), "run", str(app_dir), "local", "--run-config", str(run_config),
                                *federation], env=self.env, capture_output=True, text=True, timeout=120)
         if done.returncode:
             raise RuntimeError(f"flwr run failed: {done.stdout[-2000:]} {done.stderr[-2000:]}")
-        return result
 
     def wait(self, result: Path, timeout: float = 1800.0) -> dict:
         """Wait for the ServerApp to finish the run (``flower-done.txt``); its ``results.json``."""

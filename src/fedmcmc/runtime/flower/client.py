@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.core import xla
 from fedmcmc.runtime import round as rnd
+from fedmcmc.runtime.flower import programs as programs_lib
 from fedmcmc.runtime.flower.wire import encode_upload, from_leaves, items, leaves, pack, unpack
 from fedmcmc.runtime.records import save_npz
 from fedmcmc.runtime.round import chain_keys
@@ -38,13 +38,11 @@ def config_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-
-
 _SHARED: dict[str, dict] = {}
 
 
 def _shared_client(cfg_text: str, build: Build, identity: str = "") -> dict:
-    """The built problem and the jitted client functions of a config (and ``identity``), shared by
+    """The built problem and the client's functions of a config (and ``identity``), shared by
     the clients of one process (data and client index are arguments, so they compile once)."""
     key = config_hash(cfg_text) + identity
     if key in _SHARED:
@@ -59,23 +57,23 @@ def _shared_client(cfg_text: str, build: Build, identity: str = "") -> dict:
         new_cs, up, info = rnd.client_round(s, ck, k, cs, bc, data, ids, m)
         return new_cs, up, info.bits
 
-    functions = {
-        "first": xla.jit(partial(jax.tree_util.tree_map, lambda a: a[:, :1])),
-        "init": xla.jit(jax.vmap(init, (0, 0, None, None))),
-        "step": xla.jit(jax.vmap(step, (0, 0, 0, 0, None, None, None))),
-        "accept": xla.jit(jax.vmap(rnd.select)),
-    }
+    functions = {"init": jax.vmap(init, (0, 0, None, None)), "step": jax.vmap(step, (0, 0, 0, 0, None, None, None))}
     if s.setup is not None:
         def setup(ck, cs, bc, data, ids):
             return rnd.setup_clients(s, ck, cs, bc, data, ids, b)
 
-        functions["setup"] = xla.jit(jax.vmap(setup, (0, 0, 0, None, None)))
-        functions["receive"] = xla.jit(jax.vmap(partial(rnd.setup_receive, s)))
+        functions["setup"] = jax.vmap(setup, (0, 0, 0, None, None))
+        functions["receive"] = jax.vmap(partial(rnd.setup_receive, s))
     _SHARED[key] = {"cfg": cfg, "sampler": s, "data": built.data, "dim": built.model.dim,
-                    "functions": functions}
+                    "functions": functions, "programs": {}}
     if len(_SHARED) > 8:
         _SHARED.pop(next(iter(_SHARED)))
     return _SHARED[key]
+
+
+def _first(tree):
+    """The first copy of a ``width``-batch (axis 1), as NumPy arrays (an exact copy)."""
+    return jax.tree_util.tree_map(lambda a: np.asarray(a)[:, :1], tree)
 
 
 class ClientRuntime:
@@ -85,11 +83,14 @@ class ClientRuntime:
     dict (Flower's ``Context.state``), holding ``committed`` and ``pending`` client states.
     ``data_fn(index)`` gives the client's own data (a ``ClientData`` with a leading axis of one)
     in place of its part of the built run's data; ``identity`` names a build that is not the
-    config text's alone (runs of one text that ``build`` builds differently).
+    config text's alone (runs of one text that ``build`` builds differently). ``programs`` is a
+    folder where the compiled programs and the run's shapes are kept for the next process
+    (:mod:`fedmcmc.runtime.flower.programs`; None: compiled in memory).
     """
 
-    def __init__(self, cfg_text: str, index: int, build: Build, data_fn: Callable | None = None, identity: str = ""):
-        shared = _shared_client(cfg_text, build, identity)
+    def __init__(self, cfg_text: str, index: int, build: Build, data_fn: Callable | None = None, identity: str = "",
+                 programs=None):
+        self.shared = shared = _shared_client(cfg_text, build, identity)
         self.cfg, self.sampler = shared["cfg"], shared["sampler"]
         data = shared["data"]
         self.b = data.num_clients
@@ -98,42 +99,47 @@ class ClientRuntime:
                              "--node-config 'partition-id=i' for i in 0..num_clients-1")
         self.index = int(index)
         r = self.cfg["run"]
-        self.chain_keys = chain_keys(r.get("seed", 0), np.arange(r["num_chains"]))
         # The client's own data (never sent anywhere), as a vmap batch of ``width`` copies: XLA
         # compiles a batch of one differently from the simulator's batch of b clients (the
         # last bit of a reduction can differ), a batch of b identical copies exactly alike.
         self.width = self.b if self.cfg.get("flower", {}).get("exact", True) else 1
         own = data_fn(index) if data_fn else jax.tree_util.tree_map(
             lambda a: np.asarray(a)[index:index + 1], data.clients())
-        self.data = jax.tree_util.tree_map(lambda a: jnp.asarray(np.repeat(a, self.width, axis=0)), own)
-        self.ids = jnp.full((self.width,), self.index, jnp.uint32)
-        f = shared["functions"]
-        first = f["first"]
-        self.init = lambda ck, bc: first(f["init"](ck, bc, self.data, self.ids))
-        self.step = lambda ck, cs, bc, m, k: first(f["step"](ck, self._tile(cs), bc, jnp.repeat(m, self.width, axis=1),
-                                                             k, self.data, self.ids))
-        self.accept = f["accept"]
-        self.setup = self.receive = None
-        if self.sampler.setup is not None:
-            self.setup = lambda ck, cs, bc: first(f["setup"](ck, self._tile(cs), bc, self.data, self.ids))
-            self.receive = lambda cs, msg: first(f["receive"](self._tile(cs), msg))
-        self._likes(shared["dim"])
+        self.data = jax.tree_util.tree_map(lambda a: np.repeat(np.asarray(a), self.width, axis=0), own)
+        self.ids = np.full((self.width,), self.index, np.uint32)
+        self.folder, self.key = programs, f"{config_hash(cfg_text)}{identity}/width{self.width}"
+        self.chain_keys, self.bc_like, self.cs_like, self.msg_like = programs_lib.cached(
+            programs, self.key + "/shapes", lambda: self._likes(shared["dim"], r))
 
     def _tile(self, tree):
-        return jax.tree_util.tree_map(lambda a: jnp.repeat(a, self.width, axis=1), tree)
+        return jax.tree_util.tree_map(lambda a: np.repeat(np.asarray(a), self.width, axis=1), tree)
 
-    def _likes(self, dim: int):
-        s, C = self.sampler, self.chain_keys.shape[0]
-        theta0 = jax.ShapeDtypeStruct((C, dim), jnp.float32)
-        init_keys = jax.ShapeDtypeStruct(self.chain_keys.shape, self.chain_keys.dtype)
-        ss_like, self.bc_like = jax.eval_shape(jax.vmap(s.init), init_keys, theta0)
-        self.cs_like = jax.eval_shape(self.init, init_keys, self.bc_like)
-        self.msg_like = None
+    def _wide(self, like):
+        return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[:1] + (self.width,) + a.shape[2:],
+                                                                     a.dtype), like)
+
+    def _run(self, name: str, *args):
+        """Program ``name`` of the client's functions on ``args``, its first copy (compiled once per
+        process, or loaded from the programs folder)."""
+        progs = self.shared["programs"]
+        if name not in progs:
+            progs[name] = programs_lib.program(self.folder, f"{self.key}/{name}", self.shared["functions"][name], args)
+        return _first(progs[name](*args))
+
+    def _likes(self, dim: int, r: dict) -> tuple:
+        """The chains' keys and the shapes of the broadcast, the client state and the setup message."""
+        s, f = self.sampler, self.shared["functions"]
+        ck = np.asarray(chain_keys(r.get("seed", 0), np.arange(r["num_chains"])))
+        keys, data, ids = programs_lib.shapes((ck, self.data, self.ids))
+        ss_like, bc_like = jax.eval_shape(jax.vmap(s.init), keys, jax.ShapeDtypeStruct((len(ck), dim), jnp.float32))
+        cs_like = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[:1] + (1,) + a.shape[2:], a.dtype),
+                                         jax.eval_shape(f["init"], keys, bc_like, data, ids))
+        msg_like = None
         if s.setup is not None:
-            up = jax.eval_shape(self.setup, init_keys, self.cs_like, self.bc_like)[1]
-            up = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((C, self.b) + a.shape[2:], a.dtype), up)
-            self.msg_like = jax.eval_shape(jax.vmap(lambda k, ss, u: s.setup.server(k, ss, u)[1]),
-                                           init_keys, ss_like, up)
+            up = jax.eval_shape(f["setup"], keys, self._wide(cs_like), bc_like, data, ids)[1]
+            up = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((len(ck), self.b) + a.shape[2:], a.dtype), up)
+            msg_like = jax.eval_shape(jax.vmap(lambda k, ss, u: s.setup.server(k, ss, u)[1]), keys, ss_like, up)
+        return ck, bc_like, cs_like, msg_like
 
     def handle(self, msg: dict, store: dict) -> dict:
         """Answer one server message (see the module docstring for the kinds)."""
@@ -148,8 +154,7 @@ class ClientRuntime:
             if int(msg.get("resume_from", -1)) > 0:
                 self._restore(state_dir, int(msg["resume_from"]), store)
                 return {"ok": 1}
-            bc = from_leaves(msg["broadcast"], self.bc_like)
-            cs = self.init(self.chain_keys, bc)
+            cs = self._run("init", self.chain_keys, from_leaves(msg["broadcast"], self.bc_like), self.data, self.ids)
             store.update(committed=pack(cs), pending=pack(cs), k=-1)
             if state_dir is not None:
                 self._save(state_dir, -1, store, 0)
@@ -158,11 +163,12 @@ class ClientRuntime:
             self._restore(state_dir, int(msg["k"]), store)
         committed = unpack(store["committed"], self.cs_like)
         if kind == "setup":
-            cs, up, info = self.setup(self.chain_keys, committed, from_leaves(msg["broadcast"], self.bc_like))
+            cs, up, info = self._run("setup", self.chain_keys, self._tile(committed),
+                                     from_leaves(msg["broadcast"], self.bc_like), self.data, self.ids)
             store.update(committed=pack(cs), pending=pack(cs))
             return {"upload": leaves(up), "bits": [int(x) for x in np.asarray(info.bits)[:, 0]]}
         if kind == "setup_receive":
-            cs = self.receive(committed, from_leaves(msg["message"], self.msg_like))
+            cs = self._run("receive", self._tile(committed), from_leaves(msg["message"], self.msg_like))
             store.update(committed=pack(cs), pending=pack(cs))
             if state_dir is not None:
                 self._save(state_dir, -1, store, 0)
@@ -172,15 +178,18 @@ class ClientRuntime:
             accepted = from_leaves(msg["accepted_round"], [jax.ShapeDtypeStruct((C,), jnp.int32)])[0] == store["k"]
             mask = from_leaves(msg["mask"], flags)[0]
             pending = unpack(store["pending"], self.cs_like)
-            cs = self.accept(jnp.asarray(accepted), pending, committed)
+            cs = jax.tree_util.tree_map(lambda p, c: np.where(accepted.reshape((-1,) + (1,) * (p.ndim - 1)), p, c),
+                                        pending, committed)  # runtime.round.select, per chain
             bc = from_leaves(msg["broadcast"], self.bc_like)
-            new_cs, up, bits = self.step(self.chain_keys, cs, bc, jnp.asarray(mask)[:, None], jnp.int32(k))
+            new_cs, up, bits = self._run("step", self.chain_keys, self._tile(cs), bc,
+                                         np.repeat(mask[:, None], self.width, axis=1), np.asarray(k, np.int32),
+                                         self.data, self.ids)
             store.update(committed=pack(cs), pending=pack(new_cs), k=k)
             if state_dir is not None:
                 self._save(state_dir, k, store, int(msg.get("keep", 3)))
             chains = [int(c) for c in np.flatnonzero(mask)]
             reply: dict[str, Any] = {"chains": chains, "bits": [], "wire_bits": []}
-            parts = items(jax.tree_util.tree_map(np.asarray, up))
+            parts = items(up)
             bits = np.asarray(bits)
             for c in chains:
                 enc = encode_upload([jax.tree_util.tree_map(lambda a: a[c, 0], part) for part in parts])
