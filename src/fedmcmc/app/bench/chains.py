@@ -3,7 +3,9 @@
 Each sampler runs on its natural small problem, in this process (one XLA device, no worker
 processes: the gain measured is that of running chains together under ``vmap``, the same on
 any number of cores), with 1 and with 30 chains, the runs interleaved and the best of
-``repeats`` kept. The gain is the ratio of chain-iterations per second, 30 chains over 1;
+``repeats`` kept. What is timed is the simulator's compiled chunk of rounds
+(:class:`fedmcmc.runtime.simulator.Chains`), not a whole :func:`fedmcmc.simulate` call, whose
+set-up would count against 1 chain. The gain is the ratio of chain-iterations per second, 30 chains over 1;
 QLSD*'s gain is the reference every sampler is held to (:data:`TARGET` of it).
 
 The problems (step sizes small enough that no chain diverges in a short run):
@@ -27,7 +29,7 @@ import numpy as np
 from fedmcmc.app import problems
 from fedmcmc.compression import quantization
 from fedmcmc.estimators import gradients
-from fedmcmc.runtime.simulator import simulate
+from fedmcmc.runtime.simulator import Chains
 from fedmcmc.samplers import REGISTRY, cg_dsgld, dg_sgld, dsgld, fa_hmc, fa_ld, fedavg, lsd_pp, lsd_star, psgld, \
     qlsd_pp, qlsd_sharp, qlsd_star, sgld
 
@@ -69,10 +71,11 @@ def cases() -> dict:
 
 
 def _timer(sampler, data, dim: int, chains: int, rounds: int):
-    """A function of the seed that runs ``rounds`` rounds of ``chains`` chains (compiled here)."""
-    run = partial(simulate, sampler=sampler, data=data, theta0=np.zeros(dim), num_iterations=rounds,
-                  num_chains=chains, chunk_size=rounds, workers=1)
-    run(0)
+    """A function that runs ``rounds`` more rounds of ``chains`` chains (compiled here): the
+    simulator's compiled chunk alone, without a run's set-up, which would weigh on 1 chain."""
+    block = Chains(sampler, data, None, 0, range(chains), np.zeros((chains, dim)))
+    run = partial(block.run, 0, rounds, 1)
+    run()
     return run
 
 
@@ -94,7 +97,7 @@ def chain_scaling(rounds_scale: float = 1.0, repeats: int = 3, names=None) -> di
         for name, by_chains in runs.items():
             for c, (run, work) in by_chains.items():
                 t = time.perf_counter()
-                run(r + 1)
+                run()
                 best[name, c] = min(best[name, c], time.perf_counter() - t)
     rates = {name: {f"{c}_chains": runs[name][c][1] / best[name, c] for c in (1, CHAINS)} for name in runs}
     for rate in rates.values():
