@@ -66,7 +66,8 @@ def cases() -> dict:
         "cg-dsgld": (cg_dsgld(blobs.model, f, 1e-4, 20, batch_size=10), blobs.data, 2, 500),
     }
     missing = set(REGISTRY) - set(out)
-    assert not missing, f"no chain-scaling case for {sorted(missing)}"
+    if missing:
+        raise LookupError(f"no chain-scaling case for {sorted(missing)}: add one to cases()")
     return out
 
 
@@ -93,9 +94,9 @@ def chain_scaling(rounds_scale: float = 1.0, repeats: int = 3, names=None) -> di
         rounds = max(1, int(rounds * rounds_scale))
         runs[name] = {c: (_timer(sampler, data, dim, c, rounds), c * rounds) for c in (1, CHAINS)}
     best = {(name, c): float("inf") for name in runs for c in (1, CHAINS)}
-    for r in range(repeats):
+    for _ in range(repeats):
         for name, by_chains in runs.items():
-            for c, (run, work) in by_chains.items():
+            for c, (run, _) in by_chains.items():
                 t = time.perf_counter()
                 run()
                 best[name, c] = min(best[name, c], time.perf_counter() - t)
