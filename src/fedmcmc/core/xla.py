@@ -1,4 +1,4 @@
-"""How fedmcmc compiles its programs: :func:`jit`, and :func:`materialize`.
+"""How fedmcmc compiles its programs: :func:`jit`, :func:`materialize` and :func:`fusion_barrier`.
 
 Importing fedmcmc changes nothing in the user's JAX: no ``XLA_FLAGS``, no lowering rule,
 no device count. What fedmcmc needs for speed it asks for per program, in :func:`jit`:
@@ -93,6 +93,17 @@ def lower(fun, *args, **kwargs):
         return jax.jit(fun, compiler_options=COMPILER_OPTIONS, **kwargs).lower(*args)
 
 
+def _lowest(dtype):
+    """The value ``v`` of ``dtype`` with ``max(v, x) == x`` for every ``x`` (a NaN stays NaN)."""
+    import jax.numpy as jnp
+
+    if jnp.issubdtype(dtype, jnp.floating):
+        return -jnp.inf
+    if dtype == jnp.bool_:
+        return False
+    return jnp.iinfo(dtype).min
+
+
 def materialize(x):
     """Return the integer array ``x`` unchanged, but computed once by the compiler.
 
@@ -104,5 +115,25 @@ def materialize(x):
     """
     import jax.numpy as jnp
 
-    lowest = jnp.full_like(x, jnp.iinfo(x.dtype).min)
+    lowest = jnp.full_like(x, _lowest(x.dtype))
     return jnp.max(jnp.stack([x, lowest], axis=-1), axis=-1)
+
+
+def fusion_barrier(x):
+    """Return the array ``x`` unchanged, computed into a buffer of its own.
+
+    :func:`materialize` stops XLA from recomputing ``x`` in consumers that read it several
+    times, but XLA still fuses ``x`` into a single consumer that reads it once, such as a
+    transposing copy: on CPU the reductions of a gradient fused into the copy that lays out
+    the clients' uploads for the server's weighted sum ran 2-4 times slower than alone, and
+    a quantiser's random draws were computed a second time there. ``lax.optimization_barrier``
+    does not prevent it (XLA's CPU pipeline removes it before fusing). A reduce-window is
+    never fused on CPU, into a consumer or with a producer, so ``x`` is written once and read
+    by the consumers: here the running maximum of ``(lowest, x)`` along a new trailing axis,
+    whose last element is ``x`` (``lowest`` as in :func:`materialize`).
+    """
+    import jax.numpy as jnp
+
+    x = jnp.asarray(x)
+    pair = jnp.stack([jnp.full_like(x, _lowest(x.dtype)), x], axis=-1)
+    return jax.lax.cummax(pair, axis=x.ndim)[..., 1]

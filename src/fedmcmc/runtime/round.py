@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from fedmcmc.core.base import FederatedSampler
-from fedmcmc.core.xla import materialize
+from fedmcmc.core.xla import fusion_barrier, materialize
 
 
 def chain_keys(seed: int, chains) -> jax.Array:
@@ -105,6 +105,11 @@ def server_round(sampler: FederatedSampler, chain_key, k, server_state, uploads,
 
     The server sees the uploads as delivered: an optimisation barrier keeps XLA from fusing the
     clients' computation into the server's step in the simulator, which a message runtime cannot
-    do either (it changed the last bit of pSGLD's draws between the two)."""
-    uploads = jax.lax.optimization_barrier(uploads)
+    do either (it changed the last bit of pSGLD's draws between the two); and on CPU, where that
+    barrier is gone by the time XLA fuses, a :func:`fedmcmc.core.xla.fusion_barrier` on every
+    upload that is an array per client (LSD*'s gradients were otherwise computed inside the
+    server's copy of them, 2-4 times slower, and QLSD*'s quantiser drew its random numbers
+    twice); a scalar per client costs less to recompute than to barrier."""
+    uploads = jax.tree_util.tree_map(lambda u: fusion_barrier(u) if u.ndim > 1 else u,
+                                     jax.lax.optimization_barrier(uploads))
     return sampler.server_step(jax.random.fold_in(round_key(chain_key, k), b), server_state, uploads, mask, k)

@@ -12,6 +12,8 @@
     blobs, 200 local steps a visit, minibatches of 10) against centralised SGLD with the same
     minibatch on the pooled data; and ``dsgld_sparse_speedup``, the gain from stepping only
     the visited shard (``max_active = 1``) over stepping all shards and keeping one.
+(e) ``chains_scale``: what 30 chains gain over 1 for every registered sampler
+    (:mod:`fedmcmc.app.bench.chains`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from fedmcmc.runtime import cpu, io
 from fedmcmc.estimators import gradients
 from fedmcmc.app import problems
 from fedmcmc.app.bench import devices as device_bench, flower as flower_bench, numpy_reference
+from fedmcmc.app.bench.chains import chain_scaling
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
 from fedmcmc.models import logistic_regression
@@ -132,6 +135,7 @@ def run(out: Path, quick: bool = False, flower: bool = False) -> dict:
         "dsgld": ds,
         "dsgld_overhead": ds["sgld_steps_per_second"] / ds["cg_dsgld_steps_per_second"],
         "dsgld_sparse_speedup": ds["cg_dsgld_steps_per_second"] / ds["cg_dsgld_dense_steps_per_second"],
+        "chains_scale": chain_scaling(0.25 if quick else 1.0),
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
     }

@@ -1,0 +1,12 @@
+"""The chain-scaling benchmark runs (its figures are never asserted)."""
+
+from fedmcmc.app.bench import chains
+
+
+def test_chain_scaling_measures_the_reference():
+    """(``cases`` checks that every registered sampler has a case.)"""
+    out = chains.chain_scaling(rounds_scale=0.005, repeats=1, names=[])
+    rates = out["chain_iterations_per_second"]
+    assert set(rates) == {chains.REFERENCE}
+    assert out["reference_gain"] == rates[chains.REFERENCE]["gain"] > 0
+    assert out["least_gain"]["relative_to_reference"] == 1.0
