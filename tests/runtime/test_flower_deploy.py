@@ -98,8 +98,9 @@ def test_deployment_with_tls_and_auth_same_samples_faults(deployment, tmp_path):
                                 start_new_session=True)
     dep.procs.append(intruder)
     # QLSD++ on the sites' CSV files, each node reading its own (FA-HMC over Flower: test_flower.py and
-    # the conformance test); the ServerApp is killed after round 0 and the run resumed
-    text = short(SITES + "[sampler]" + QLSD_PP.split("[sampler]")[1], 2, "round_timeout = 600")
+    # the conformance test); the ServerApp is killed after round 0 and the run resumed; a `hold`
+    # message follows each message (their replies are dropped, the samples the same)
+    text = short(SITES + "[sampler]" + QLSD_PP.split("[sampler]")[1], 2, "round_timeout = 600\nhold = true")
     ref = reference(text, tmp_path)
     text = text.replace("site-", "nowhere-")  # the nodes read their data-path; the server reads none
     path = tmp_path / "qlsdpp.toml"

@@ -33,7 +33,7 @@ class GridTransport:
         self.sizes: list[tuple[int, int]] = []  # array bytes of each round message and of its reply
         self.poll, self.hold = float(flower["poll_interval"]), flower["hold"]
         if not isinstance(self.hold, bool):
-            raise ValueError(f"[flower] hold must be true or false (got {self.hold!r}); the default is true")
+            raise ValueError(f"[flower] hold must be true or false (got {self.hold!r}); the default is false")
         if not 0 < self.poll <= 10:
             raise ValueError(f"[flower] poll_interval must be in (0, 10] seconds (got {self.poll}); the default is 0.1")
         deadline = time.monotonic() + wait

@@ -41,7 +41,7 @@ from fedmcmc.runtime.round import chain_keys
 log = logging.getLogger("fedmcmc.runtime.flower")
 
 #: Default settings of the ``[flower]`` part of a run (``ServerRuntime`` keyword arguments).
-DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8, "poll_interval": 0.1, "hold": True}
+DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8, "poll_interval": 0.1, "hold": False}
 
 
 
