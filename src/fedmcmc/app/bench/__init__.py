@@ -12,6 +12,8 @@
     blobs, 200 local steps a visit, minibatches of 10) against centralised SGLD with the same
     minibatch on the pooled data; and ``dsgld_sparse_speedup``, the gain from stepping only
     the visited shard (``max_active = 1``) over stepping all shards and keeping one.
+(e) ``federation_overhead_large``: a QLSD++ round (8-bit QSGD, 20 clients) over the same
+    minibatch gradients alone, on the BNN study's MLP and LeNet-5 (:mod:`fedmcmc.app.bench.large`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 from fedmcmc.runtime import cpu, io
 from fedmcmc.estimators import gradients
 from fedmcmc.app import problems
-from fedmcmc.app.bench import numpy_reference
+from fedmcmc.app.bench import large, numpy_reference
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
 from fedmcmc.models import logistic_regression
@@ -131,6 +133,7 @@ def run(out: Path, quick: bool = False) -> dict:
         "dsgld": ds,
         "dsgld_overhead": ds["sgld_steps_per_second"] / ds["cg_dsgld_steps_per_second"],
         "dsgld_sparse_speedup": ds["cg_dsgld_steps_per_second"] / ds["cg_dsgld_dense_steps_per_second"],
+        "federation_overhead_large": large.run(quick),
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
     }
