@@ -104,7 +104,7 @@ def test_codec_roundtrip_quantized_vectors():
 
 def test_codec_roundtrip_random_levels_and_batched_bit_count():
     rng = np.random.default_rng(11)
-    batches = {}  # d -> (levels, s): d = 50 takes the unrolled gap loop, d = 200 the scan
+    batches = {}  # d -> (levels, s): d = 50 takes the unrolled gap loop, d = 200 the blocks
     for d in (200, 50, 64, 65, 3):
         for density in (0.0, 0.01, 0.3, 1.0):
             for s in (1, 2, 3, 4, 5, 2**16, 2**24, 2**31 - 2):
@@ -149,6 +149,22 @@ def test_each_body_length_matches_reference(d):
     reference = [_reference_bits(x) for x in levels]
     np.testing.assert_array_equal(sparse, [r["sparse"] - HEADER for r in reference])
     np.testing.assert_array_equal(dense, [r["dense"] - HEADER for r in reference])
+
+
+def test_sparse_body_of_long_vectors_across_blocks():
+    """Long vectors (the blocked gap count): nonzeros at block edges (multiples of 16 and
+    their neighbours), runs, and gaps spanning many blocks, up to gaps of 2**17 whose
+    Elias-omega codes have the longest groups (d not a multiple of the block)."""
+    d = 2**17 + 37
+    edges = [0, 1, 15, 16, 17, 31, 32, 47, 48, 63, 64, 65, 255, 256, 4096, 65535, 65536]
+    patterns = [edges, [d - 1], [0, d - 1], [2**17 + 5], list(range(100, 140)) + [d - 2], []]
+    rng = np.random.default_rng(5)
+    patterns += [sorted(rng.choice(d, size=k, replace=False).tolist()) for k in (3, 50, 2000)]
+    levels = np.zeros((len(patterns), d), np.int32)
+    for row, where in zip(levels, patterns):
+        row[where] = rng.integers(1, 300, size=len(where)) * rng.choice([-1, 1], size=len(where))
+    sparse, _ = map(np.asarray, jax.jit(elias_body_bits)(jnp.asarray(levels)))
+    np.testing.assert_array_equal(sparse, [_reference_bits(x)["sparse"] - HEADER for x in levels])
 
 
 def test_codec_exhaustive_small_vectors_and_ties():

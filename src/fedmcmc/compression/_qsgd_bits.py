@@ -30,9 +30,10 @@ def _fixed_body_bits(s, d: int) -> Array:
 
 
 #: Vectors up to this length get the gap code lengths of the sparse body from an
-#: unrolled loop over the coordinates (fast, one fusion); longer ones from a prefix scan
-#: (compile time independent of ``d``).
+#: unrolled loop over the coordinates (fast, one fusion); longer ones block by block.
 _UNROLL_MAX_D = 64
+#: Block length of the gap count for long vectors (see :func:`_blocked_gap_code_bits`).
+_GAP_BLOCK = 16
 
 
 def _gap_code_bits(nonzero: Array) -> Array:
@@ -41,30 +42,52 @@ def _gap_code_bits(nonzero: Array) -> Array:
     ``gap_i + 1 = i - prev_i`` with ``prev_i`` the index of the previous nonzero (``-1``
     before the first one). For ``d <= _UNROLL_MAX_D`` the running ``prev`` is carried
     through a Python loop over the coordinates: XLA fuses the resulting straight-line
-    code into one elementwise kernel over the batch, where the scan lowers to a chain of
+    code into one elementwise kernel over the batch, where a scan lowers to a chain of
     pad/slice/reduce-window kernels (measured on a 2-core CPU, ``vmap(vmap(.))`` over
     ``[30, 20, 50]`` levels: the whole :func:`qsgd_encoded_bits` takes about 0.1 ms
-    instead of 0.24 ms). Longer vectors use an inclusive max-scan of the nonzero
-    positions, which keeps compile time independent of ``d``.
+    instead of 0.24 ms). Longer vectors: :func:`_blocked_gap_code_bits`.
     """
     d = nonzero.shape[-1]
-    batch = nonzero.shape[:-1]
-    if d <= _UNROLL_MAX_D:
-        prev = jnp.full(batch, -1, dtype=jnp.int32)
-        total = jnp.zeros(batch, dtype=jnp.int32)
-        for i in range(d):
-            nz_i = nonzero[..., i]
-            total = total + jnp.where(nz_i, elias_omega_length(i - prev), 0)
-            prev = jnp.where(nz_i, jnp.int32(i), prev)
-        return total
-    idx = jnp.arange(d, dtype=jnp.int32)
-    last = lax.associative_scan(
-        jnp.maximum, jnp.where(nonzero, idx, -1), axis=nonzero.ndim - 1
-    )
-    prev = jnp.concatenate(
-        [jnp.full(batch + (1,), -1, dtype=jnp.int32), last[..., :-1]], axis=-1
-    )
-    return jnp.sum(jnp.where(nonzero, elias_omega_length(idx - prev), 0), axis=-1)
+    if d > _UNROLL_MAX_D:
+        return _blocked_gap_code_bits(nonzero)
+    prev = jnp.full(nonzero.shape[:-1], -1, dtype=jnp.int32)
+    total = jnp.zeros(nonzero.shape[:-1], dtype=jnp.int32)
+    for i in range(d):
+        nz_i = nonzero[..., i]
+        total = total + jnp.where(nz_i, elias_omega_length(i - prev), 0)
+        prev = jnp.where(nz_i, jnp.int32(i), prev)
+    return total
+
+
+def _blocked_gap_code_bits(nonzero: Array) -> Array:
+    """:func:`_gap_code_bits` for long vectors, in ``O(d)`` work and one pass over the levels.
+
+    The vector is cut into ``nb`` blocks of ``B = _GAP_BLOCK`` coordinates (zero-padded at
+    the end). One fused kernel walks the ``B`` positions of all blocks at once (the blocks
+    are stored position-major, as int8, so every step reads a contiguous row), carrying
+    per block the running previous nonzero: it sums the codes of the gaps inside blocks and
+    keeps each block's first and last nonzero. A gap that crosses blocks starts at the
+    block's first nonzero and ends at the last nonzero of all earlier blocks, an exclusive
+    max-scan over the ``nb = d / B`` blocks only. The same sum, exactly, as the running
+    ``prev`` of the short path; measured on a 2-core CPU for ``[20, 79510]`` levels, 3 to 4
+    times faster than a max-scan over all ``d`` positions (issue 17).
+    """
+    d, batch, width = nonzero.shape[-1], nonzero.shape[:-1], _GAP_BLOCK
+    nb = -(-d // width)
+    blocks = jnp.pad(nonzero.astype(jnp.int8), [(0, 0)] * len(batch) + [(0, nb * width - d)])
+    rows = materialize(jnp.swapaxes(blocks.reshape(batch + (nb, width)), -1, -2))  # [..., B, nb]
+    first = prev = jnp.full(batch + (nb,), -1, dtype=jnp.int32)
+    inside = jnp.zeros(batch + (nb,), dtype=jnp.int32)
+    for j in range(width):
+        nz_j = rows[..., j, :] != 0
+        inside = inside + jnp.where(nz_j & (prev >= 0), elias_omega_length(j - prev), 0)
+        first = jnp.where(nz_j & (first < 0), jnp.int32(j), first)
+        prev = jnp.where(nz_j, jnp.int32(j), prev)
+    start = jnp.arange(nb, dtype=jnp.int32) * width
+    last = lax.associative_scan(jnp.maximum, jnp.where(prev >= 0, start + prev, -1), axis=len(batch))
+    before = jnp.concatenate([jnp.full(batch + (1,), -1, dtype=jnp.int32), last[..., :-1]], axis=-1)
+    across = jnp.where(first >= 0, elias_omega_length(start + first - before), 0)
+    return jnp.sum(inside + across, axis=-1)
 
 
 def qsgd_encoded_bits(signed_levels: Array, s=None) -> Array:

@@ -34,6 +34,7 @@ import numpy as np
 
 from fedmcmc.compression._qsgd_bits import qsgd_encoded_bits
 from fedmcmc.core.base import CompressionInfo, Compressor
+from fedmcmc.core.xla import materialize
 from fedmcmc.core.types import Array, PRNGKey
 
 __all__ = [
@@ -145,7 +146,9 @@ def quantize(key: PRNGKey, v: Array, s) -> tuple[Array, Array]:
     levels = jnp.clip(levels, 0.0, s_f)
     levels = jnp.where(jnp.isfinite(levels) & jnp.isfinite(norm), levels, 0.0)
     levels = levels.astype(jnp.int32)
-    signed_levels = jnp.where(v < 0, -levels, levels)
+    # stored once: XLA would otherwise recompute the uniforms in every consumer (the bit
+    # count, the decoder, a memory term), each a pass of threefry over the whole vector
+    signed_levels = materialize(jnp.where(v < 0, -levels, levels))
     return norm, signed_levels
 
 

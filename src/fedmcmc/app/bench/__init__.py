@@ -14,6 +14,8 @@
     the visited shard (``max_active = 1``) over stepping all shards and keeping one.
 (e) ``chains_scale``: what 30 chains gain over 1 for every registered sampler
     (:mod:`fedmcmc.app.bench.chains`).
+(f) ``federation_overhead_large``: a QLSD++ round (8-bit QSGD, 20 clients) over the same
+    minibatch gradients alone, on the BNN study's MLP and LeNet-5 (:mod:`fedmcmc.app.bench.large`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 from fedmcmc.runtime import cpu, io
 from fedmcmc.estimators import gradients
 from fedmcmc.app import problems
-from fedmcmc.app.bench import devices as device_bench, flower as flower_bench, numpy_reference
+from fedmcmc.app.bench import devices as device_bench, flower as flower_bench, large, numpy_reference
 from fedmcmc.app.bench.chains import chain_scaling
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
@@ -136,6 +138,7 @@ def run(out: Path, quick: bool = False, flower: bool = False) -> dict:
         "dsgld_overhead": ds["sgld_steps_per_second"] / ds["cg_dsgld_steps_per_second"],
         "dsgld_sparse_speedup": ds["cg_dsgld_steps_per_second"] / ds["cg_dsgld_dense_steps_per_second"],
         "chains_scale": chain_scaling(0.25 if quick else 1.0),
+        "federation_overhead_large": large.run(quick),
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
     }
