@@ -337,7 +337,6 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     from fedmcmc.app import step as auto
     from fedmcmc.runtime import devices
     from fedmcmc.runtime.simulator import simulate
-
     path, out = Path(path), Path(out)
     cfg = load(path)
     started = time.perf_counter()

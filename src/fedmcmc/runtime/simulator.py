@@ -287,8 +287,7 @@ def _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinnin
                          f"has {data.num_clients}; give one value per client")
     if resume and out_dir is None:
         raise ValueError("resume needs out_dir, the folder of the interrupted run")
-
-    return theta0, chunk_size
+    return np.asarray(theta0), chunk_size
 
 
 def _restore(chunk_dir: Path | None, resume: bool, run_fingerprint: str, blocks) -> tuple[int, float, list[dict]]:
@@ -357,7 +356,6 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
     """
     theta0, chunk_size = _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size,
                                   out_dir, resume)
-    theta0 = np.asarray(theta0)
     blocks = _start(seed, sampler, data, statistic, theta0, workers, devices)
     setup_bits = tuple(np.concatenate(parts) for parts in zip(*(block.setup_bits for block in blocks)))
     m = int(sampler.draws_per_round)
