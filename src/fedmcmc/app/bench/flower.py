@@ -6,8 +6,8 @@ runs, one after the other (ours and the echoes alternating):
 
 * our QLSD++ and FA-HMC (the examples' samplers, 3 clients), with their ``median_round_seconds``
   and ``median_client_process_seconds`` (seconds from a ClientApp process's start to its round
-  reply) from ``results.json``, and QLSD++ again without ``hold`` messages (``[flower] hold =
-  false``, docs/flower.md);
+  reply) from ``results.json``, both with the default ``[flower] hold = false``, and QLSD++ again
+  with ``hold`` messages (``hold = true``, docs/flower.md);
 * a trivial echo app (``flwr_echo/``) on Flower's default loop (``Grid.send_and_receive``),
   sending and answering arrays of the bytes of our QLSD++ round's message and reply;
 * the same echo app whose ClientApp imports JAX and runs one operation before answering.
@@ -67,8 +67,8 @@ def _median(values) -> float:
     return float(values[len(values) // 2])
 
 
-def _ours(dep: LocalDeployment, out: Path, name: str, rounds: int, hold: bool = True) -> dict:
-    label = name if hold else f"{name}-no-hold"
+def _ours(dep: LocalDeployment, out: Path, name: str, rounds: int, hold: bool = False) -> dict:
+    label = f"{name}-hold" if hold else name
     path = out / f"{label}.toml"
     path.write_text(_PROBLEM + SAMPLERS[name] + _RUN.format(rounds=rounds) + f"hold = {str(hold).lower()}\n")
     flower = dep.run(path, out / label, timeout=3600)["flower"]
@@ -102,7 +102,7 @@ def run(out, quick: bool = False, rounds: int | None = None) -> dict:
         echo = _echo(dep, out / "echo", rounds, *sizes, import_jax=False)
         ours["fa-hmc"] = _ours(dep, out, "fa-hmc", rounds)
         echo_jax = _echo(dep, out / "echo-jax", rounds, *sizes, import_jax=True)
-        no_hold = _ours(dep, out, "qlsd++", rounds, hold=False)
+        with_hold = _ours(dep, out, "qlsd++", rounds, hold=True)
     round_ratio = max(o["median_round_seconds"] for o in ours.values()) / echo["median_round_seconds"]
     process_ratio = (max(o["median_client_process_seconds"] for o in ours.values())
                      / echo_jax["median_client_process_seconds"])
@@ -110,7 +110,7 @@ def run(out, quick: bool = False, rounds: int | None = None) -> dict:
         "flower_round_ratio": round_ratio, "flower_round_ratio_target": TARGETS["flower_round_ratio"],
         "flower_client_process_ratio": process_ratio,
         "flower_client_process_ratio_target": TARGETS["flower_client_process_ratio"],
-        "flower": {**ours, "qlsd++_without_hold": no_hold, "echo_default_loop": echo, "echo_importing_jax": echo_jax,
+        "flower": {**ours, "qlsd++_with_hold": with_hold, "echo_default_loop": echo, "echo_importing_jax": echo_jax,
                    "settings": {"supernodes": CLIENTS, "rounds": rounds, "tls": False, "node_env": NODE_ENV,
                                 "message_bytes": sizes[0], "reply_bytes": sizes[1]}},
     }
