@@ -1,0 +1,88 @@
+"""``secure_aggregation``: what secure aggregation adds to a QLSD++ round, in bits and in time.
+
+The run is QLSD++ (8-bit QSGD on the fixed-point grid ``2^-16 Z``, ``|x| <= 1000``, full
+participation, minibatches of 5, one chain) on the heterogeneous Gaussian problem with
+``clients`` clients and dimension ``dim``, over :class:`~fedmcmc.runtime.flower.server.ServerRuntime`
+and :class:`~fedmcmc.runtime.flower.server.LocalTransport` (the server and every client in this
+process, no Flower): ``plain`` (the QSGD code travels), ``secure`` (masked grid integers,
+:mod:`fedmcmc.runtime.flower.secagg`) and ``secure_dropout`` (client 0 fails every round, so
+the survivors reveal their seeds with it each round). The three runs are interleaved,
+``repeats`` times; a run's time per round is the median of its rounds, the best over repeats.
+
+Reported per client and round: the upload bits (the sampler's QSGD count in the plain run; the
+masked upload, ``32 d``, and the revealed seeds in the secure runs) and their ratio; the
+key exchange's bits once per run; and the time ratios ``secure / plain`` and
+``secure_dropout / plain``: the protocol's computation (masks, key agreement, unmasking). On a
+deployment a round also pays for moving ``4 d`` bytes per client instead of the QSGD code, and a
+round with a dropout one more message exchange (docs/privacy.md, "Secure aggregation").
+There is no target: issue 18 asks for the cost to be measured.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CONFIG = """
+[problem]
+name = "heterogeneous-gaussian"
+num_clients = {clients}
+dim = {dim}
+[sampler]
+name = "qlsd++"
+step_size = 1e-4
+batch_size = 5
+refresh_every = 10
+compression = {{ bits = 8, fixed_point = {{ fraction_bits = 16, max_abs = 1000.0 }} }}
+[run]
+seed = 0
+num_chains = 1
+num_iterations = {rounds}
+chunk_size = {rounds}
+"""
+
+
+def _run(text: str, folder, faults=None) -> tuple[float, dict, float]:
+    from fedmcmc.app import config
+    from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+
+    server = ServerRuntime(text, folder, config.from_text)
+    res = server.run(LocalTransport(text, server.b, config.from_text, faults=faults))
+    return float(np.median(server.stats["round_seconds"])), server.stats, float(res.total_bits_up.mean())
+
+
+def run(folder, quick: bool = False, clients: int = 3, dim: int | None = None, rounds: int | None = None,
+        repeats: int | None = None) -> dict:
+    """Measure (module docstring); ``folder`` holds the runs' outputs."""
+    dim = dim or (200 if quick else 2_000)
+    rounds = rounds or (10 if quick else 40)
+    repeats = repeats or (2 if quick else 3)
+    base = CONFIG.format(clients=clients, dim=dim, rounds=rounds)
+    secure = base + "\n[flower]\nsecure_aggregation = true\n"
+    def drop(kind, k, i, reply):
+        return None if (kind == "round" and i == 0) else reply
+
+    cases = {"plain": (base, None), "secure": (secure, None), "secure_dropout": (secure, drop)}
+    best = {name: float("inf") for name in cases}
+    stats, plain_bits = {}, 0.0
+    for r in range(repeats):
+        for name, (text, faults) in cases.items():
+            seconds, stats[name], bits = _run(text, f"{folder}/{name}{r}", faults)
+            best[name] = min(best[name], seconds)
+            plain_bits = bits if name == "plain" else plain_bits
+    per = rounds * clients
+    up = {"plain": plain_bits / per, "secure": stats["secure"]["secagg_bits_up"] / per,
+          "secure_dropout": stats["secure_dropout"]["secagg_bits_up"] / (rounds * (clients - 1))}
+    keys = {"up": clients * 256, "down": clients * clients * 256}
+    for name in ("secure", "secure_dropout"):  # the key exchange, reported apart
+        up[name] -= keys["up"] / (per if name == "secure" else rounds * (clients - 1))
+    return {
+        "upload_bits_per_client_round": up,
+        "upload_bits_ratio_secure_over_plain": up["secure"] / up["plain"],
+        "key_exchange_bits_per_run": keys,
+        "round_seconds_in_process": best,
+        "round_time_ratio_secure_over_plain": best["secure"] / best["plain"],
+        "round_time_ratio_secure_dropout_over_plain": best["secure_dropout"] / best["plain"],
+        "target": None,
+        "settings": {"sampler": "qlsd++", "bits": 8, "fraction_bits": 16, "clients": clients, "dim": dim,
+                     "rounds": rounds, "repeats": repeats, "transport": "LocalTransport (in process)"},
+    }
