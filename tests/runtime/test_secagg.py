@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fedmcmc.app import config
+from fedmcmc.app.bench.secagg import protocol_seconds
 from fedmcmc.compression import FixedPointMessage, decode, encode, resolve_compressor
 from fedmcmc.runtime.flower import secagg
 from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
@@ -43,6 +44,8 @@ def test_masks_cancel_and_a_dropout_is_unmasked_with_the_survivors_seeds():
     assert secagg.round_seed(secret[(0, 2)], k + 1, chain) != revealed[(0, 2)]
     with pytest.raises(KeyError):
         secagg.unmask(survivors, [2], {})
+    assert set(protocol_seconds(3, 10, repeats=1)) == {"clients_masking", "server_unmasking",
+                                                       "server_unmasking_one_dropout"}  # the bench runs
     # sums beyond the int32 range wrap alike in the protocol and in the sampler's int32 sum
     big = np.full((2, 3), 2 ** 30 + 5, np.int32)
     pair = {0: {1: seeds[0][1]}, 1: {0: seeds[1][0]}}

@@ -12,7 +12,9 @@ the survivors reveal their seeds with it each round). The three runs are interle
 Reported per client and round: the upload bits (the sampler's QSGD count in the plain run; the
 masked upload, ``32 d``, and the revealed seeds in the secure runs) and their ratio; the
 key exchange's bits once per run; and the time ratios ``secure / plain`` and
-``secure_dropout / plain``: the protocol's computation (masks, key agreement, unmasking). On a
+``secure_dropout / plain`` (the secure runs skip the QSGD code's host coding, which the plain run
+pays), and the protocol's own seconds per round (every client's masking, the server's
+unmasking, with and without a dropout, :func:`protocol_seconds`) over a plain round. On a
 deployment a round also pays for moving ``4 d`` bytes per client instead of the QSGD code, and a
 round with a dropout one more message exchange (docs/privacy.md, "Secure aggregation").
 There is no target: issue 18 asks for the cost to be measured.
@@ -50,6 +52,33 @@ def _run(text: str, folder, faults=None) -> tuple[float, dict, float]:
     return float(np.median(server.stats["round_seconds"])), server.stats, float(res.total_bits_up.mean())
 
 
+def protocol_seconds(clients: int, dim: int, repeats: int = 5) -> dict:
+    """Seconds of the protocol alone in one round of one chain: every client's masking (key
+    agreement with its peers, seeds, masks) and the server's unmasking, with and without one
+    client dropped (the survivors' seeds revealed); best of ``repeats``."""
+    import time
+
+    from fedmcmc.runtime.flower import secagg as protocol
+
+    keys = [protocol.keypair() for _ in range(clients)]
+    q = np.random.default_rng(0).integers(-2 ** 20, 2 ** 20, (clients, dim)).astype(np.int32)
+    active, best = list(range(clients)), {"clients_masking": float("inf"), "server_unmasking": float("inf"),
+                                          "server_unmasking_one_dropout": float("inf")}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        seeds = {i: {j: protocol.round_seed(protocol.pair_secret(keys[i][0], i, j, keys[j][1], b"bench"), 1, 0)
+                     for j in active if j != i} for i in active}
+        y = {i: protocol.masked(q[i], i, active, seeds[i]) for i in active}
+        t1 = time.perf_counter()
+        protocol.unmask(y, [], {})
+        t2 = time.perf_counter()
+        protocol.unmask({i: y[i] for i in active[1:]}, [0], {(j, 0): seeds[j][0] for j in active[1:]})
+        t3 = time.perf_counter()
+        for name, t in zip(best, (t1 - t0, t2 - t1, t3 - t2)):
+            best[name] = min(best[name], t)
+    return best
+
+
 def run(folder, quick: bool = False, clients: int = 3, dim: int | None = None, rounds: int | None = None,
         repeats: int | None = None) -> dict:
     """Measure (module docstring); ``folder`` holds the runs' outputs."""
@@ -75,8 +104,11 @@ def run(folder, quick: bool = False, clients: int = 3, dim: int | None = None, r
     keys = {"up": clients * 256, "down": clients * clients * 256}
     for name in ("secure", "secure_dropout"):  # the key exchange, reported apart
         up[name] -= keys["up"] / (per if name == "secure" else rounds * (clients - 1))
+    protocol = protocol_seconds(clients, dim)
     return {
         "upload_bits_per_client_round": up,
+        "protocol_seconds_per_round": protocol,
+        "protocol_over_plain_round": (protocol["clients_masking"] + protocol["server_unmasking"]) / best["plain"],
         "upload_bits_ratio_secure_over_plain": up["secure"] / up["plain"],
         "key_exchange_bits_per_run": keys,
         "round_seconds_in_process": best,

@@ -190,7 +190,7 @@ class ClientRuntime:
                 self._save(state_dir, k, store, int(msg.get("keep", 3)))
             chains = [int(c) for c in np.flatnonzero(mask)]
             if msg.get("secure"):
-                return self._masked(msg, store, state_dir, up, bits, chains)
+                return self._masked(msg, store, state_dir, up, chains)
             reply: dict[str, Any] = {"chains": chains, "bits": [], "wire_bits": []}
             parts = items(up)
             bits = np.asarray(bits)
@@ -244,12 +244,12 @@ class ClientRuntime:
             cache[pair] = secagg.pair_secret(pair[0], self.index, peer, public, self.key.encode())
         return secagg.round_seed(cache[pair], k, chain)
 
-    def _masked(self, msg: dict, store: dict, state_dir: Path | None, up, bits, chains) -> dict:
+    def _masked(self, msg: dict, store: dict, state_dir: Path | None, up, chains) -> dict:
         """The reply of a secure round: per chain, the grid integers masked for the chain's active
-        clients (``msg["active"]``, ``[C, b]``), and the sampler's bit count."""
+        clients (``msg["active"]``, ``[C, b]``); nothing else (not even the QSGD code's length)."""
         k = int(msg["k"])
         active = np.asarray(msg["active"][0], bool)
-        reply: dict[str, Any] = {"chains": chains, "bits": [int(np.asarray(bits)[c, 0]) for c in chains]}
+        reply: dict[str, Any] = {"chains": chains}
         for c in chains:
             peers = [int(j) for j in np.flatnonzero(active[c])]
             seeds = {j: self._seed(store, state_dir, j, k, c) for j in peers if j != self.index}

@@ -288,7 +288,8 @@ class ServerRuntime:
     def _collect_secure(self, transport, k, mask, messages, replies, uploads, effective, bits):
         """Unmask each chain's sum of its surviving clients' integers and hand it to the sampler as
         the first survivor's ``offset`` (every other message zero); dropped clients' masks are
-        removed with the seeds the survivors reveal (one more exchange, only then)."""
+        removed with the seeds the survivors reveal (one more exchange, only then). A client's
+        upload bits are its masked words, ``32 d``."""
         size = int(np.prod(self.up_parts[0].value.shape))
         got, asks = {}, {}
         for i in messages:
@@ -297,11 +298,11 @@ class ServerRuntime:
                 chains = list(reply["chains"]) if reply is not None else None
                 if chains is not None and sorted(chains) != np.flatnonzero(mask[:, i]).tolist():
                     raise MalformedUpload(f"reply for chains {chains}")
-                for n, c in enumerate(chains or []):
+                for c in chains or []:
                     y = np.asarray(reply[f"masked/{c}"][0])
                     if y.dtype != np.uint32 or y.shape != (size,):
                         raise MalformedUpload(f"masked upload of {y.dtype} {y.shape}, expected uint32 ({size},)")
-                    got[(c, i)] = (y, int(reply["bits"][n]))
+                    got[(c, i)] = y
             except (MalformedUpload, KeyError, TypeError, IndexError, ValueError) as err:
                 self.stats["rejected_uploads"] += 1
                 log.warning("round %d: rejected the upload of client %d: %s", k, i, err)
@@ -319,7 +320,7 @@ class ServerRuntime:
         for c in range(self.C):
             survivors = [i for i in range(self.b) if (c, i) in got]
             try:
-                total = secagg.unmask({i: got[(c, i)][0] for i in survivors}, dropped[c], revealed.get(c, {})) \
+                total = secagg.unmask({i: got[(c, i)] for i in survivors}, dropped[c], revealed.get(c, {})) \
                     if survivors else None
             except KeyError:
                 log.warning("round %d: chain %d's sum could not be unmasked; no client applied", k, c)
@@ -327,8 +328,8 @@ class ServerRuntime:
             if total is not None:
                 uploads[offset][c, survivors[0]] = total.reshape(uploads[offset].shape[2:])
                 self.stats["secagg_recoveries"] += bool(dropped[c])
-            for i in survivors:
-                effective[c, i], bits[c, i] = True, got[(c, i)][1]
+            for i in survivors:  # the bits on the wire: the masked words
+                effective[c, i], bits[c, i] = True, 32 * size
                 self.stats["secagg_bits_up"] += 32 * size
 
     def _reveal(self, transport, k, asks: dict) -> dict:
