@@ -96,3 +96,5 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
     assert stats["secagg_bits_up"] > 0 and stats["rejected_uploads"] == 0
     with pytest.raises(ValueError, match="secure_aggregation needs uploads on a fixed-point grid"):
         ServerRuntime(QLSD_PP + "\n[flower]\nsecure_aggregation = true\n", tmp_path / "no", config.from_text)
+    with pytest.raises(ValueError, match="secure_aggregation must be true or false"):
+        ServerRuntime(text + "\n[flower]\nsecure_aggregation = 1\n", tmp_path / "no", config.from_text)

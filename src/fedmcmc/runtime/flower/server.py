@@ -18,6 +18,11 @@ its committed state, exactly as an inactive client does in the simulator. So a n
 restarts from its saved state, having missed messages, stays in step with the server. The server writes draws and its state
 every chunk of rounds; each node writes its own state every round to its state folder, so
 a restarted server resumes (``resume=True``) with the same samples as an uninterrupted run.
+
+Secure aggregation (``[flower] secure_aggregation = true``, :mod:`~fedmcmc.runtime.flower.secagg`):
+the clients upload masked grid integers; the server unmasks each chain's sum of the active
+clients' (asking the survivors for their seeds with a client that dropped out) and hands it to
+the same ``server_step``, so the samples are the plain run's.
 """
 
 from __future__ import annotations
@@ -63,7 +68,9 @@ class ServerRuntime:
     ----------
     cfg_text
         The run config (``fedmcmc run`` format); its optional ``[flower]`` settings are
-        ``round_timeout`` (seconds a round waits for replies) and ``max_upload_norm``.
+        ``round_timeout`` (seconds a round waits for replies), ``max_upload_norm`` and
+        ``secure_aggregation`` (:mod:`~fedmcmc.runtime.flower.secagg`; the server then sees only
+        each round's sum of the uploads).
     out_dir
         Output folder: ``chunks/`` (draws, server state) and ``nodes/`` (the clients' own
         checkpoints in a local run; a real deployment keeps them on each node).
@@ -86,7 +93,9 @@ class ServerRuntime:
         self.out_dir, self.resume = Path(out_dir), resume
         self.state_dir = str(state_dir if state_dir is not None else self.out_dir / "nodes")
         self.stats = {"rejected_uploads": 0, "missing_replies": 0, "wire_bits_mismatch": 0, "round_seconds": []}
-        self.secure = bool(self.flower["secure_aggregation"])
+        self.secure = self.flower["secure_aggregation"]
+        if not isinstance(self.secure, bool):
+            raise ValueError(f"[flower] secure_aggregation must be true or false (got {self.secure!r})")
         if self.secure:
             self.stats.update(secagg_bits_up=0, secagg_bits_down=0, secagg_recoveries=0)
         self.chain_keys = chain_keys(self.seed, np.arange(self.C))
