@@ -78,7 +78,8 @@ def test_fixed_point_sums_integers_travels_as_its_inner_message_and_refuses_uneq
 def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
     """In process (LocalTransport): client 1 fails in round 2; the survivors reveal their seeds with
     it, and the secure run's samples equal the plain run's bit for bit; without the failure the plain
-    run is the simulator's, so the grid is the same chain in every runtime."""
+    run is the simulator's, so the grid is the same chain in every runtime. A malformed masked
+    upload for one chain drops that client from that chain only (its seeds revealed there)."""
     def drop(kind, k, i, reply):
         return None if (kind == "round" and k == 2 and i == 1) else reply
 
@@ -94,6 +95,16 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
     assert not np.array_equal(runs[False, False], runs[False, True])  # the dropout mattered
     assert stats["missing_replies"] == 1 and stats["secagg_recoveries"] >= 1
     assert stats["secagg_bits_up"] > 0 and stats["rejected_uploads"] == 0
+    def garble(kind, k, i, reply):  # client 2's upload for chain 0 of round 1 only
+        if kind == "round" and k == 1 and i == 2 and "masked/0" in reply:
+            reply["masked/0"] = [reply["masked/0"][0].astype(np.int64)]
+        return reply
+
+    t = text + "\n[flower]\nsecure_aggregation = true\n"
+    server = ServerRuntime(t, tmp_path / "garbled", config.from_text)
+    res = server.run(LocalTransport(t, 3, config.from_text, faults=garble))
+    assert server.stats["rejected_uploads"] == 1 and server.stats["secagg_recoveries"] == 1
+    assert np.isfinite(res.samples).all() and not np.array_equal(res.samples, runs[False, True])
     with pytest.raises(ValueError, match="secure_aggregation needs uploads on a fixed-point grid"):
         ServerRuntime(QLSD_PP + "\n[flower]\nsecure_aggregation = true\n", tmp_path / "no", config.from_text)
     with pytest.raises(ValueError, match="secure_aggregation must be true or false"):

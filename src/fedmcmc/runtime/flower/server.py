@@ -303,23 +303,19 @@ class ServerRuntime:
         got, asks = {}, {}
         for i in messages:
             reply = replies.get(i)
-            try:
-                chains = list(reply["chains"]) if reply is not None else None
-                if chains is not None and sorted(chains) != np.flatnonzero(mask[:, i]).tolist():
-                    raise MalformedUpload(f"reply for chains {chains}")
-                for c in chains or []:
+            if reply is None:
+                self.stats["missing_replies"] += 1
+                log.warning("round %d: client %d failed or timed out; inactive this round", k, i)
+                continue
+            for c in np.flatnonzero(mask[:, i]).tolist():  # chain by chain: a valid masked upload is
+                try:  # never followed by a request for its client's seeds
                     y = np.asarray(reply[f"masked/{c}"][0])
                     if y.dtype != np.uint32 or y.shape != (size,):
                         raise MalformedUpload(f"masked upload of {y.dtype} {y.shape}, expected uint32 ({size},)")
                     got[(c, i)] = y
-            except (MalformedUpload, KeyError, TypeError, IndexError, ValueError) as err:
-                self.stats["rejected_uploads"] += 1
-                log.warning("round %d: rejected the upload of client %d: %s", k, i, err)
-                for c in np.flatnonzero(mask[:, i]):
-                    got.pop((int(c), i), None)
-            if reply is None:
-                self.stats["missing_replies"] += 1
-                log.warning("round %d: client %d failed or timed out; inactive this round", k, i)
+                except (MalformedUpload, KeyError, TypeError, IndexError, ValueError) as err:
+                    self.stats["rejected_uploads"] += 1
+                    log.warning("round %d: rejected the upload of client %d for chain %d: %s", k, i, c, err)
         dropped = {c: [i for i in np.flatnonzero(mask[c]) if (c, i) not in got] for c in range(self.C)}
         for (c, j) in got:
             if dropped[c]:
