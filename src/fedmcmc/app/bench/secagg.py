@@ -18,6 +18,11 @@ unmasking, with and without a dropout, :func:`protocol_seconds`) over a plain ro
 deployment a round also pays for moving ``4 d`` bytes per client instead of the QSGD code, and a
 round with a dropout one more message exchange (docs/privacy.md, "Secure aggregation").
 There is no target: issue 18 asks for the cost to be measured.
+
+With ``fedmcmc bench --flower``, :func:`deployment` runs the same QLSD++ (the ``--flower``
+problem: 3 clients, ``d = 10``, 2 chains) plain and secure on the loopback deployment of
+:mod:`fedmcmc.app.bench.flower`, one after the other, and reports the ratio of their median
+seconds per round and reply bytes (``flower_secagg_round_ratio``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,23 @@ num_chains = 1
 num_iterations = {rounds}
 chunk_size = {rounds}
 """
+
+
+def deployment(dep, out, problem: str, run: str, rounds: int) -> dict:
+    """Plain and secure QLSD++ on a running ``LocalDeployment`` ``dep``: their ``flower`` entries
+    and the ratios ``secure / plain`` of the median round seconds and reply bytes."""
+    sampler = CONFIG.format(clients=0, dim=0, rounds=0).split("[sampler]")[1].split("[run]")[0]
+    got = {}
+    for name, extra in (("plain", ""), ("secure", "secure_aggregation = true\n")):
+        path = out / f"qlsd++-grid-{name}.toml"
+        path.write_text(problem + "[sampler]" + sampler + run.format(rounds=rounds) + extra)
+        flower = dep.run(path, out / f"qlsd++-grid-{name}", timeout=3600)["flower"]
+        got[name] = {k: flower[k] for k in ("median_round_seconds", "max_round_seconds", "median_round_reply_bytes",
+                                            "missing_replies")}
+    return {"flower_secagg_round_ratio": got["secure"]["median_round_seconds"] / got["plain"]["median_round_seconds"],
+            "flower_secagg_reply_bytes_ratio": (got["secure"]["median_round_reply_bytes"]
+                                                / got["plain"]["median_round_reply_bytes"]),
+            "flower_secagg_target": None, "flower_secagg": got}
 
 
 def _run(text: str, folder, faults=None) -> tuple[float, dict, float]:
