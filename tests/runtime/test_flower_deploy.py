@@ -150,8 +150,8 @@ def test_deployment_with_tls_and_auth_same_samples_faults(deployment, tmp_path):
     path = tmp_path / "secure.toml"
     path.write_text(text + "secure_aggregation = true\n")
     flower = dep.run(path, tmp_path / "secure", timeout=900)["flower"]
-    samples = np.concatenate([np.load(c)["positions"] for c in sorted((tmp_path / "secure" / "chunks").glob("chunk_*"))],
-                             axis=1)
+    chunks = sorted((tmp_path / "secure" / "chunks").glob("chunk_*"))
+    samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
     np.testing.assert_array_equal(samples, plain.samples)  # bit for bit
     assert flower["missing_replies"] == 1 and flower["secagg_recoveries"] == 2  # both chains' sums unmasked
     log = (tmp_path / "intruder.log").read_text()

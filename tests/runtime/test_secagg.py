@@ -77,24 +77,39 @@ def test_fixed_point_sums_integers_travels_as_its_inner_message_and_refuses_uneq
 
 def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
     """In process (LocalTransport): client 1 fails in round 2; the survivors reveal their seeds with
-    it, and the secure run's samples equal the plain run's bit for bit; without the failure the plain
+    it, and the secure run's samples, its server killed in round 3 and resumed from round 2 (the
+    clients' keys lost and exchanged again), equal the plain run's bit for bit; without the failure the plain
     run is the simulator's, so the grid is the same chain in every runtime. A malformed masked
     upload for one chain drops that client from that chain only (its seeds revealed there)."""
+    class Crash(RuntimeError):
+        pass
+
     def drop(kind, k, i, reply):
         return None if (kind == "round" and k == 2 and i == 1) else reply
 
-    text = QLSD_PP_GRID.replace("num_iterations = 6", "num_iterations = 4")
+    def crash(kind, k, i, reply):  # the secure server is killed in round 3, then resumed
+        if kind == "round" and k == 3:
+            raise Crash("server killed")
+        return drop(kind, k, i, reply)
+
+    text = QLSD_PP_GRID.replace("num_iterations = 6", "num_iterations = 4").replace("chunk_size = 4", "chunk_size = 2")
     runs = {}
-    for secure, faults in ((False, None), (False, drop), (True, drop)):
+    for secure, faults in ((False, None), (False, drop), (True, crash)):
         t = text + ("\n[flower]\nsecure_aggregation = true\n" if secure else "")
-        server = ServerRuntime(t, tmp_path / f"{secure}{faults is None}", config.from_text)
-        runs[secure, faults is None] = server.run(LocalTransport(t, 3, config.from_text, faults=faults)).samples
+        folder, transport = tmp_path / f"{secure}{faults is None}", LocalTransport(t, 3, config.from_text, faults)
+        if secure:
+            with pytest.raises(Crash):
+                ServerRuntime(t, folder, config.from_text).run(transport)
+            transport.faults, transport.stores = drop, {i: {} for i in range(3)}  # new Context.state: new keys
+        server = ServerRuntime(t, folder, config.from_text, resume=secure)
+        runs[secure, faults is None] = server.run(transport).samples
         stats = server.stats
     np.testing.assert_array_equal(runs[False, True], reference(text).samples)
     np.testing.assert_array_equal(runs[True, False], runs[False, False])
     assert not np.array_equal(runs[False, False], runs[False, True])  # the dropout mattered
-    assert stats["missing_replies"] == 1 and stats["secagg_recoveries"] >= 1
-    assert stats["secagg_bits_up"] > 0 and stats["rejected_uploads"] == 0
+    assert stats["missing_replies"] == 1 and stats["secagg_recoveries"] >= 1  # round 2, after the resume
+    assert stats["secagg_bits_down"] > 0 and stats["rejected_uploads"] == 0
+
     def garble(kind, k, i, reply):  # client 2's upload for chain 0 of round 1 only
         if kind == "round" and k == 1 and i == 2 and "masked/0" in reply:
             reply["masked/0"] = [reply["masked/0"][0].astype(np.int64)]

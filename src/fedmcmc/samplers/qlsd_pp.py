@@ -189,7 +189,8 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
         carried = anchor_travels(server_state.synced, k, refresh_every) if uses_anchor else jnp.zeros((), bool)
         bits = float_bits(server_state.position) + jnp.where(carried, float_bits(server_state.anchor), 0)
         anchor, synced = next_anchor(server_state.anchor, server_state.synced, position, mask, k, refresh_every)
-        new = QLSDPPState(position, memory_sum_update(server_state.memory, compressor, uploads, mask, rate), anchor, synced)
+        memory = memory_sum_update(server_state.memory, compressor, uploads, mask, rate)
+        new = QLSDPPState(position, memory, anchor, synced)
         return new, QLSDPPBroadcast(position, anchor), ServerInfo(step_size=gamma, broadcast_bits=bits)
 
     probs = np.asarray(participation.probs, np.float64) if memory_update == "inverse_probability" else None
