@@ -8,8 +8,9 @@ message ``x = C.decode(m)`` is put on the grid ``2^-p Z``,
 and the receiver's value of the message is ``q 2^-p``. The server aggregates the messages of the
 active clients by summing their integers first, ``S = sum_{i in A} q_i`` (int32, exact and
 independent of the order while ``|A| B < 2^31``), and converts once: ``w S 2^-p`` with ``w`` the
-clients' common weight. Because ``2^p`` is a power of two, ``x 2^p`` and ``S 2^-p`` are exact
-float32 operations, which no compiler rewrite changes, so every runtime computes the same ``q``.
+clients' common weight. Because ``2^p`` is a power of two, ``x 2^p`` and the final ``2^-p`` are
+exact float32 operations, which no compiler rewrite changes, so every runtime computes the same
+``q``; ``S`` becomes a float32 once, in the same way everywhere.
 
 This is the integer representation that secure aggregation needs (the server learns only ``S``,
 :mod:`fedmcmc.runtime.flower.secagg`), and the plain runs use it too, so a secure run gives the
