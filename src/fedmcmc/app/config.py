@@ -51,7 +51,7 @@ from fedmcmc.samplers.participation import resolve_participation
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices"}
 #: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
-_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact", "poll_interval", "hold"}}
+_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact", "poll_interval", "hold", "secure_aggregation"}}
 
 
 class ConfigError(ValueError):

@@ -9,6 +9,9 @@ Compressors (:class:`~fedmcmc.core.base.Compressor`; each owns its message)
   :func:`qsgd_bits_bound` the QSGD paper's bound on its message length.
 * :func:`with_memory` -- error-feedback memory around any compressor (QLSD++): it sends the
   inner message for ``v - eta_i`` and keeps ``eta_i`` in its state.
+* :func:`fixed_point` -- puts any compressor's decoded messages on a shared fixed-point grid,
+  so that the server sums integers (exactly; what secure aggregation needs);
+  :func:`weighted_sum` is how a server sums a compressor's messages.
 * :func:`resolve_compressor` -- a compressor from a configuration value.
 
 Messages on the wire (:mod:`fedmcmc.compression.codec`)
@@ -29,6 +32,7 @@ same name as attributes of this package; import submodule contents with
 
 from fedmcmc.compression._spec import resolve_compressor
 from fedmcmc.compression.codec import Decoded, Encoded, decode, encode, is_message, message_bits
+from fedmcmc.compression.fixed_point import FixedPointMessage, fixed_point, weighted_sum
 from fedmcmc.compression.identity import identity
 from fedmcmc.compression.memory import with_memory
 from fedmcmc.compression.quantization import (
@@ -43,6 +47,9 @@ __all__ = [
     "identity",
     "quantization",
     "with_memory",
+    "fixed_point",
+    "FixedPointMessage",
+    "weighted_sum",
     "resolve_compressor",
     "QuantizationState",
     "QSGDMessage",
