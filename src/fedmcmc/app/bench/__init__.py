@@ -27,6 +27,7 @@ from fedmcmc.runtime import cpu, io
 from fedmcmc.estimators import gradients
 from fedmcmc.app import problems
 from fedmcmc.app.bench import numpy_reference
+from fedmcmc.app.bench.padding import padding_overhead
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
 from fedmcmc.models import logistic_regression
@@ -131,6 +132,7 @@ def run(out: Path, quick: bool = False) -> dict:
         "dsgld": ds,
         "dsgld_overhead": ds["sgld_steps_per_second"] / ds["cg_dsgld_steps_per_second"],
         "dsgld_sparse_speedup": ds["cg_dsgld_steps_per_second"] / ds["cg_dsgld_dense_steps_per_second"],
+        "no_padding_tax": padding_overhead(iterations=iters, repeats=3 if quick else 5),
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
     }
