@@ -29,6 +29,7 @@ import numpy as np
 
 from fedmcmc.app.studies import qlsd_bnn_heterogeneous as bnn
 from fedmcmc.core import xla
+from fedmcmc.core.base import CLIENT_AXES
 from fedmcmc.estimators.svrg import svrg
 from fedmcmc.runtime.simulator import simulate
 from fedmcmc.samplers.qlsd_pp import QLSDPPBroadcast
@@ -49,13 +50,13 @@ def gradients_alone(model, data, batch_size: int, refresh_every: int, step_size:
         key, theta, states = carry
         key, sub = jax.random.split(key)
         broadcast = QLSDPPBroadcast(theta, theta)
-        grads, states = jax.vmap(estimator.estimate, in_axes=(0, 0, None, 0, None))(
+        grads, states = jax.vmap(estimator.estimate, in_axes=(0, 0, None, CLIENT_AXES, None))(
             jax.random.split(sub, num_clients), states, broadcast, clients, k)
         return (key, theta - step_size * jnp.sum(grads, axis=0), states), None
 
     def run(key, theta0):
         theta0 = jnp.asarray(theta0, jnp.float32)
-        states = jax.vmap(estimator.init, in_axes=(None, 0))(QLSDPPBroadcast(theta0, theta0), clients)
+        states = jax.vmap(estimator.init, in_axes=(None, CLIENT_AXES))(QLSDPPBroadcast(theta0, theta0), clients)
         (_, theta, _), _ = jax.lax.scan(round_, (key, theta0, states), jnp.arange(rounds, dtype=jnp.int32))
         return theta
 
