@@ -163,10 +163,15 @@ def start(seed: int, sampler, data, statistic, blocks: list[range], theta0) -> l
 def _serve(core: int | None) -> None:  # pragma: no cover - runs in the worker process
     requests, replies = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
-    if core is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {core})
     import jax
 
+    # XLA's CPU client sizes the programs it compiles to the cores the process may use when it
+    # starts (its intra-op pool): start it before pinning, so that a worker compiles the
+    # parent's programs and its draws are the parent's bit for bit (docs/design.md).
+    jax.devices()
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        for thread in os.listdir("/proc/self/task"):  # the pool's threads too
+            os.sched_setaffinity(int(thread), {core})
     from fedmcmc.runtime.simulator import Chains
 
     jobs: dict[str, tuple] = {}
