@@ -5,8 +5,10 @@ per core. jaxlib's LAPACK kernels (``eigh``, ``solve``, ``cholesky``, ...) split
 that pool and block the calling thread until the pieces are done; when every pool thread is
 such a caller (two devices' programs each in a LAPACK call, on two cores), nothing is left to
 run the pieces and the process waits forever (docs/design.md, "Chains over cores"). A worker
-process has one XLA device and no multi-threaded pool (``--xla_cpu_multi_thread_eigen=false``),
-so that wait cannot arise, and the operating system spreads the workers over the cores.
+process has one XLA device, running one program at a time (``--xla_cpu_multi_thread_eigen=false``),
+so that wait cannot arise, and each worker is pinned to its own core. It starts XLA before
+pinning itself, so that XLA compiles for the parent's number of cores: the parent's programs,
+hence the parent's draws bit for bit.
 
 The protocol is a strict request and reply over the worker's stdin and stdout: frames of
 an 8-byte length and a pickle. A request is ``(method, args)``; the reply is ``("ok", value)``
