@@ -69,8 +69,8 @@ def client_init(sampler: FederatedSampler, chain_key, broadcast, clients, ids):
 
 def setup_clients(sampler: FederatedSampler, chain_key, states, broadcast, clients, ids, b: int):
     """Clients ``ids``' side of the setup exchange: ``(states, uploads, infos)``."""
-    return jax.vmap(sampler.setup.client, (0, 0, None, CLIENT_AXES))(each(setup_key(chain_key, b), ids), states, broadcast,
-                                                            clients)
+    setup = jax.vmap(sampler.setup.client, (0, 0, None, CLIENT_AXES))
+    return setup(each(setup_key(chain_key, b), ids), states, broadcast, clients)
 
 
 def setup_server(sampler: FederatedSampler, chain_key, server_state, uploads, b: int):
