@@ -43,7 +43,7 @@ def gradients_alone(model, data, batch_size: int, refresh_every: int, step_size:
     """``run(key, theta0) -> theta``: ``rounds`` rounds of the QLSD++ clients' SVRG gradients only
     (module docstring), compiled once."""
     estimator = svrg(model, batch_size, refresh_every, stale_clients=False)
-    clients = data.clients()
+    clients = jax.tree_util.tree_map(jnp.asarray, data.clients())  # the rows gathered by traced indices
     num_clients = data.num_clients
 
     def round_(carry, k):
