@@ -93,7 +93,11 @@ def epsilon(mechanism: GaussianRounds, delta: float, accountant: str = "rdp") ->
     if mechanism.noise_multiplier <= 0:
         return math.inf
     acc = _accountant(mechanism, accountant)
-    acc.compose(event(mechanism))
+    try:
+        acc.compose(event(mechanism))
+    except ValueError:  # the package's sampling formulas overflow for huge noise: sampling only helps
+        acc = _accountant(mechanism._replace(sampling="none"), accountant)
+        acc.compose(event(mechanism._replace(sampling="none")))
     return float(acc.get_epsilon(delta))
 
 
