@@ -30,6 +30,9 @@ from fedmcmc.privacy.mechanisms import level_epsilon
 
 __all__ = ["KEYS", "settle", "attrs"]
 
+#: Released quantities that depend on the data and that the accountant does not cover (docs/privacy.md).
+_UNCOVERED = ["sample_stats bits_up, bits_down and active_clients", "the data's scaling and split",
+              "what the server sees of each upload"]
 KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant"}
 _KNOB = {"client": "clip", "record": "record_clip"}
 
@@ -138,7 +141,9 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
     if s.clip is not None and "compressor" in args:
         args["compressor"] = clipped(args["compressor"] or identity(), s.clip)
     levels = account(name, s, p["delta"], p["accountant"])
-    return args, {"clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "accountant": p["accountant"],
+    uncovered = _UNCOVERED + (["step_size = \"auto\" (the curvature at the mode)"]
+                              if cfg["sampler"].get("step_size") == "auto" else [])
+    return args, {"not_covered": uncovered, "clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "accountant": p["accountant"],
                   "budget": None if p["epsilon"] is None else {"epsilon": p["epsilon"], "level": p["level"]},
                   **levels}
 
