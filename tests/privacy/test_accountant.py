@@ -122,3 +122,15 @@ def test_fa_ld_counts_only_the_other_clients_noise():
     z = 0.01 * np.sqrt(1 - w) / (w * SETTING.clip)
     worst = max(epsilon(GaussianRounds(zi, 300), DELTA) for zi in z)
     assert account("fa-ld", s, DELTA)["client"]["epsilon"] == pytest.approx(worst, rel=1e-12)
+
+
+def test_dsgld_counts_every_local_step_of_every_visit():
+    f, h = np.array([0.25, 0.75]), 1e-3
+    s = Setting(h, 20, None, 0.5, (40, 80), (8,), (1.0,), "full", False, {"probs": f, "local_steps": 5})
+    record = max(epsilon(GaussianRounds(fs * 8 / (math.sqrt(h) * big * 0.5), 100, "without_replacement", 8 / big,
+                                        8, big), DELTA) for fs, big in zip(f, (40, 80)))
+    client = max(epsilon(GaussianRounds(fs / (math.sqrt(h) * big * 0.5), 100), DELTA) for fs, big in zip(f, (40, 80)))
+    got = account("dsgld", s, DELTA)
+    assert got["record"]["epsilon"] == pytest.approx(record, rel=1e-12)
+    assert got["client"]["epsilon"] == pytest.approx(client, rel=1e-12)
+    assert "record_clip" in account("dsgld", s._replace(record_clip=None), DELTA)["record"]["refused"]

@@ -26,7 +26,7 @@ import numpy as np
 from fedmcmc.compression import clipped, identity
 from fedmcmc.models import clipped_gradients
 from fedmcmc.privacy import ACCOUNTANTS, LEVELS, MAPPINGS, Setting, account
-from fedmcmc.privacy.mechanisms import level_epsilon
+from fedmcmc.privacy.mechanisms import knob as knob_of, level_epsilon
 
 __all__ = ["KEYS", "settle", "attrs"]
 
@@ -34,7 +34,6 @@ __all__ = ["KEYS", "settle", "attrs"]
 _UNCOVERED = ["sample_stats bits_up, bits_down and active_clients", "the data's scaling and split",
               "what the server sees of each upload"]
 KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant"}
-_KNOB = {"client": "clip", "record": "record_clip"}
 
 
 def _positive(section: dict, key: str, error) -> float | None:
@@ -71,7 +70,7 @@ def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict) ->
                    None if batch is None else tuple(np.atleast_1d(batch).tolist()),
                    tuple(np.atleast_1d(probs).tolist()), scaling,
                    compressor is not None and compressor.name != "identity",
-                   {key: args.get(key) for key in ("weights", "correlation", "local_steps", "debiased")})
+                   {key: args.get(key) for key in ("weights", "correlation", "local_steps", "debiased", "probs")})
 
 
 def _largest(ok, low: float, high: float, integer: bool = False, steps: int = 40):
@@ -97,9 +96,14 @@ def _meets(name: str, s: Setting, p: dict):
 
 def _budget(name: str, s: Setting, p: dict, error) -> Setting:
     """The setting that meets the budget: the level's bound chosen if it is not set, else checked."""
-    knob, level = _KNOB[p["level"]], p["level"]
-    ok = _meets(name, s, p)
+    level = p["level"]
+    knob, ok = knob_of(name, level), _meets(name, s, p)
     if getattr(s, knob) is None:
+        try:
+            if ok(s):  # met by the level's other bound (a replaced record moves one clipped upload)
+                return s
+        except ValueError:
+            pass
         probe = MAPPINGS[name](s._replace(**{knob: 1.0}))[level]
         if isinstance(probe[0], str):
             raise error(f"[privacy] epsilon for {name} at level {level!r}: {probe[0]}")

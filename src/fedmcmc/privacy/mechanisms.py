@@ -1,7 +1,7 @@
 """From a sampler's settings to the Gaussian mechanisms of its rounds, and their (epsilon, delta).
 
-**Why a round is a Gaussian mechanism.** The released draws of QLSD#, SGLD and FA-LD (one local
-step) move as ``theta_{k+1} = F(theta_k) + gamma D_k + sigma Z_{k+1}`` with ``Z`` standard normal,
+**Why a round is a Gaussian mechanism.** The released draws of QLSD#, SGLD, FA-LD (one local
+step) and DSGLD move as ``theta_{k+1} = F(theta_k) + gamma D_k + sigma Z_{k+1}`` with ``Z`` standard normal,
 where only the aggregate ``D_k`` depends on the protected unit (a client, or one record), through
 a contribution of norm at most ``B`` that is a function of ``theta_k``, the unit's data and the
 round's fresh coins (minibatch, quantisation, participation). Given ``theta_k`` the round is then
@@ -46,11 +46,18 @@ is not used.)
   noise counts: ``sigma^2 = eta^2 (rho + (1 - rho)(1 - w_c))`` and ``z = sigma / (w_c C)`` (the
   weights ``w_c`` are public settings). Record level without compression:
   ``Delta = eta^2 (N_c / n_c) C_r``, ``sigma = eta``, minibatch sampling as QLSD#.
+* DSGLD (a chain visits shard ``s`` with probability ``f_s`` for ``L`` local steps; all of them are
+  rounds): a local step is ``theta + (h / 2) [grad log p + (N_s / (f_s m)) sum_B clip(g_x)] +
+  sqrt(h) Z``. Record level (replace one record, ``C_r``, minibatches of ``m`` without
+  replacement): ``Delta = h N_s C_r / (f_s m)``, ``z = f_s m / (sqrt(h) N_s C_r)``, over
+  ``rounds L`` steps. Client level, here *replacing* a shard's data (a shard is part of the
+  chain's route, so it cannot be removed): ``Delta = h N_s C_r / f_s``,
+  ``z = f_s / (sqrt(h) N_s C_r)``. The shard choice is not used to amplify (conservative).
 * Refused, with the reason: QLSD*/LSD* (the mode and the server's constant are computed from
   the data without noise), QLSD++/LSD++ (memory terms and SVRG anchors carry earlier rounds'
   gradients that one message's clip does not bound), FA-HMC and FA-LD with ``T > 1`` (hidden
-  local steps: the released average is not a Gaussian mechanism), DSGLD, CG-DSGLD, DG-SGLD,
-  pSGLD, FedAvg (not analysed here, or no noise).
+  local steps: the released average is not a Gaussian mechanism), CG-DSGLD (surrogates fitted
+  without noise), DG-SGLD, pSGLD, FedAvg (not analysed here, or no noise).
 
 Temperature is inside the clipped quantities: a tempered model's gradients are divided by
 ``T`` before they are clipped (wrap the tempered model), and the noise is the sampler's.
@@ -65,7 +72,7 @@ import numpy as np
 
 from fedmcmc.privacy.accountant import GaussianRounds, epsilon
 
-__all__ = ["Setting", "Bounds", "MAPPINGS", "LEVELS", "account", "level_epsilon"]
+__all__ = ["Setting", "Bounds", "MAPPINGS", "KNOBS", "LEVELS", "account", "knob", "level_epsilon"]
 
 LEVELS = ("client", "record")
 
@@ -90,7 +97,7 @@ class Setting(NamedTuple):
         Whether uploads are compressed (not the identity).
     extra
         Sampler settings a mapping reads (FA-LD: ``weights``, ``correlation``, ``local_steps``,
-        ``debiased``).
+        ``debiased``; DSGLD: ``probs``, ``local_steps``).
     """
 
     step_size: float
@@ -179,6 +186,19 @@ def _fa_ld(s: Setting) -> Bounds:
     return {"client": client, "record": _record_bounds(s, np.ones_like(w), eta / (eta**2 / 2), z)}
 
 
+def _dsgld(s: Setting) -> Bounds:
+    if s.record_clip is None:
+        why = "DSGLD's draws are bounded through its records' gradients: set [privacy] record_clip"
+        return {"client": [why], "record": [why]}
+    f, n, counts = np.asarray(s.extra["probs"], float), _batches(s), np.asarray(s.counts, np.int64)
+    steps, root_h = s.rounds * int(s.extra["local_steps"]), math.sqrt(s.step_size)
+    # a local step moves theta by (h / 2) (N_s / (f_s m)) sum_B clip(g_x) + sqrt(h) Z
+    client = tuple(GaussianRounds(fs / (root_h * big * s.record_clip), steps) for fs, big in zip(f, counts))
+    record = tuple(GaussianRounds(fs * m / (root_h * big * s.record_clip), steps, "without_replacement", m / big,
+                                  int(m), int(big)) for fs, m, big in zip(f, n, counts))
+    return {"client": [client], "record": [record]}
+
+
 def _refuse(reason: str) -> Callable[[Setting], Bounds]:
     return lambda s: {"client": [reason], "record": [reason]}
 
@@ -192,11 +212,21 @@ MAPPINGS: dict[str, Callable[[Setting], Bounds]] = {
     "qlsd#": _qlsd_sharp, "sgld": _sgld, "fa-ld": _fa_ld,
     "qlsd*": _refuse(_MODE), "lsd*": _refuse(_MODE), "qlsd++": _refuse(_STATE), "lsd++": _refuse(_STATE),
     "fa-hmc": _refuse(_HIDDEN + " (FA-LD with local_steps = 1 is accounted)"),
-    "dsgld": _refuse("a chain's visit to one shard is not accounted yet"),
+    "dsgld": _dsgld,
     "cg-dsgld": _refuse("the shards' Gaussian surrogates are computed from the data without noise"),
     "dg-sgld": _refuse(_HIDDEN), "psgld": _refuse("its preconditioner is built from past gradients without noise"),
     "fedavg": _refuse("FedAvg adds no noise"),
 }
+
+
+#: The bound that sets each level's epsilon, where it is not ``clip`` for clients and ``record_clip``
+#: for records (what a budget chooses).
+KNOBS = {"dsgld": {"client": "record_clip", "record": "record_clip"}}
+
+
+def knob(name: str, level: str) -> str:
+    """The :class:`Setting` field a budget at ``level`` chooses for sampler ``name``."""
+    return KNOBS.get(name, {}).get(level, "clip" if level == "client" else "record_clip")
 
 
 def level_epsilon(bounds, delta: float, accountant: str = "rdp") -> float:
