@@ -1,11 +1,14 @@
-"""The cost of privacy in accuracy (docs/privacy.md): QLSD# (8-bit QSGD) runs of one config per
-data set, without [privacy] and with client-level budgets epsilon in EPSILONS (delta = 1e-5; the
-clip chosen by the budget), each through `fedmcmc run`'s own code (fedmcmc.app.config.run).
+"""The cost of privacy in accuracy (docs/privacy.md): QLSD# runs of one config per data set, without
+[privacy] and with budgets epsilon in EPSILONS (delta = 1e-5; the bound chosen by the budget): at
+the client level with 8-bit QSGD uploads (the clip C chosen), at the record level with uncompressed
+uploads (the per-record clip C_r chosen), each through `fedmcmc run`'s own code
+(fedmcmc.app.config.run).
 
-    PYTHONPATH=src python benchmarks/privacy_cost.py OUT [breast-cancer|mnist5k ...]
+    PYTHONPATH=src python benchmarks/privacy_cost.py OUT LEVEL [breast-cancer|mnist5k ...]
 
-Writes OUT/<set>-<eps>/ run folders and prints one markdown row per run: the data set, the budget,
-the clip, the epsilon met at the client and record levels, and the held-out NLL, ECE and accuracy.
+Writes OUT/<set>-<level>-<eps>/ run folders and prints one markdown row per run: the data set, the
+level, the budget, the bound chosen, the epsilon met at the client and record levels, and the
+held-out NLL, ECE and accuracy.
 """
 
 import json
@@ -33,7 +36,7 @@ seed = 0
 name = "qlsd#"
 step_size = "auto"
 batch_fraction = 0.2
-compression = {{ bits = 8 }}
+compression = {compression}
 
 [run]
 seed = 0
@@ -44,24 +47,27 @@ thinning = 5
 {privacy}"""
 
 
-def run(out: Path, name: str, eps) -> str:
+def run(out: Path, name: str, level: str, eps) -> str:
     data, model, iterations, burn_in = SETS[name]
-    privacy = "" if eps is None else f"\n[privacy]\ndelta = 1e-5\nepsilon = {eps}\n"
-    folder = out / f"{name}-{eps or 'none'}"
+    privacy = "" if eps is None else f'\n[privacy]\ndelta = 1e-5\nepsilon = {eps}\nlevel = "{level}"\n'
+    folder = out / f"{name}-{level}-{eps or 'none'}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder.with_suffix(".toml")
-    path.write_text(TEMPLATE.format(data=data, model=model, iterations=iterations, burn_in=burn_in, privacy=privacy))
+    compression = "{ bits = 8 }" if level == "client" else '"none"'
+    path.write_text(TEMPLATE.format(data=data, model=model, iterations=iterations, burn_in=burn_in, privacy=privacy,
+                                    compression=compression))
     config.run(path, folder, progress=False)
     summary = json.loads((folder / "summary.json").read_text())
     p, overall = summary["settings"].get("privacy"), summary["predictive"]["overall"]
-    level = "-" if p is None else f"{p['client']['epsilon']:.3g} / {p['record']['epsilon']:.3g}"
-    clip = "-" if p is None else f"{p['clip']:.3g}"
-    return (f"| {name} | {eps or 'none'} | {clip} | {level} | {overall['nll']:.4f} | {overall['ece']:.4f} "
+    met = "-" if p is None else " / ".join(f"{p[u]['epsilon']:.3g}" if "epsilon" in p[u] else "none"
+                                           for u in ("client", "record"))
+    bound = "-" if p is None else f"{p['clip' if level == 'client' else 'record_clip']:.3g}"
+    return (f"| {name} | {level} | {eps or 'none'} | {bound} | {met} | {overall['nll']:.4f} | {overall['ece']:.4f} "
             f"| {overall['accuracy']:.4f} |")
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1])
-    for name in sys.argv[2:] or SETS:
+    out, level = Path(sys.argv[1]), sys.argv[2]
+    for name in sys.argv[3:] or SETS:
         for eps in EPSILONS:
-            print(run(out, name, eps), flush=True)
+            print(run(out, name, level, eps), flush=True)
