@@ -25,8 +25,9 @@ import numpy as np
 
 from fedmcmc.compression import clipped, identity
 from fedmcmc.models import clipped_gradients
-from fedmcmc.privacy import ACCOUNTANTS, LEVELS, MAPPINGS, Setting, account
-from fedmcmc.privacy.mechanisms import knob as knob_of, level_epsilon
+
+# fedmcmc.privacy (dp-accounting, scipy.signal: seconds of imports) is imported by the functions that
+# account, so that a run without [privacy] and a Flower node do not pay for it
 
 __all__ = ["KEYS", "settle", "attrs"]
 
@@ -45,6 +46,7 @@ def _positive(section: dict, key: str, error) -> float | None:
 
 
 def _checked(section: dict, error) -> dict:
+    from fedmcmc.privacy import ACCOUNTANTS, LEVELS
     p = {key: _positive(section, key, error) for key in ("epsilon", "delta", "clip", "record_clip")}
     if p["delta"] is None or not p["delta"] < 1:
         raise error("[privacy] needs delta in (0, 1), e.g. delta = 1e-5 (well below 1 / number of units)")
@@ -56,7 +58,8 @@ def _checked(section: dict, error) -> dict:
     return p
 
 
-def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict) -> Setting:
+def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict):
+    from fedmcmc.privacy import Setting
     scheme = args.get("participation")
     probs = 1.0 if scheme is None else scheme.probs
     scaling = ("full" if scheme is None or scheme.name == "full" else
@@ -87,15 +90,17 @@ def _largest(ok, low: float, high: float, integer: bool = False, steps: int = 40
     return low
 
 
-def _meets(name: str, s: Setting, p: dict):
-    def ok(setting: Setting) -> bool:
+def _meets(name: str, s, p: dict):
+    from fedmcmc.privacy.mechanisms import MAPPINGS, level_epsilon
+    def ok(setting) -> bool:
         bounds = MAPPINGS[name](setting)[p["level"]]
         return level_epsilon(bounds, p["delta"], p["accountant"]) <= p["epsilon"]
     return ok
 
 
-def _budget(name: str, s: Setting, p: dict, error) -> Setting:
+def _budget(name: str, s, p: dict, error):
     """The setting that meets the budget: the level's bound chosen if it is not set, else checked."""
+    from fedmcmc.privacy.mechanisms import MAPPINGS, account, knob as knob_of
     level = p["level"]
     knob, ok = knob_of(name, level), _meets(name, s, p)
     if getattr(s, knob) is None:
@@ -133,6 +138,7 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
     (None without ``[privacy]``); ``error`` is raised with one line naming the problem and the fix."""
     if "privacy" not in cfg:
         return args, None
+    from fedmcmc.privacy import MAPPINGS, account
     p = _checked(cfg["privacy"], error)
     if name not in MAPPINGS:
         raise error(f"[privacy] has no mapping for sampler {name}")
