@@ -92,6 +92,7 @@ def _largest(ok, low: float, high: float, integer: bool = False, steps: int = 40
 
 def _meets(name: str, s, p: dict):
     from fedmcmc.privacy.mechanisms import MAPPINGS, level_epsilon
+
     def ok(setting) -> bool:
         bounds = MAPPINGS[name](setting)[p["level"]]
         return level_epsilon(bounds, p["delta"], p["accountant"]) <= p["epsilon"]
@@ -153,9 +154,9 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
     levels = account(name, s, p["delta"], p["accountant"])
     uncovered = _UNCOVERED + (["step_size = \"auto\" (the curvature at the mode)"]
                               if cfg["sampler"].get("step_size") == "auto" else [])
-    return args, {"not_covered": uncovered, "clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "accountant": p["accountant"],
-                  "budget": None if p["epsilon"] is None else {"epsilon": p["epsilon"], "level": p["level"]},
-                  **levels}
+    budget = None if p["epsilon"] is None else {"epsilon": p["epsilon"], "level": p["level"]}
+    return args, {"clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "accountant": p["accountant"],
+                  "budget": budget, **levels, "not_covered": uncovered}
 
 
 def attrs(record: dict | None) -> dict:
