@@ -18,11 +18,14 @@ from pathlib import Path
 from fedmcmc.app import config
 
 EPSILONS = (None, 10.0, 3.0, 1.0)
+#: data, model, step (given: "auto" reads the data without noise), iterations, burn-in; the steps are
+#: QLSD#'s rule 2E / (L (1 + N/n - 1)) with L from the curvature (breast cancer: fedmcmc's "auto",
+#: 2.15e-4; MNIST-5k: L <= lambda_max(X^T X) / 2 = 8.1e4, with L about half that)
 SETS = {
     "breast-cancer": ('builtin = "breast-cancer"\npartition = { kind = "iid", num_clients = 10 }',
-                      'name = "logistic"', 5000, 2500),
+                      'name = "logistic"', 2e-4, 5000, 2500),
     "mnist5k": ('builtin = "mnist5k"\npartition = { kind = "iid", num_clients = 20 }',
-                'name = "softmax"', 1500, 750),
+                'name = "softmax"', 4e-7, 1500, 750),
 }
 TEMPLATE = """[data]
 {data}
@@ -34,7 +37,7 @@ seed = 0
 
 [sampler]
 name = "qlsd#"
-step_size = "auto"
+step_size = {step}
 batch_fraction = 0.2
 compression = {compression}
 
@@ -48,14 +51,14 @@ thinning = 5
 
 
 def run(out: Path, name: str, level: str, eps) -> str:
-    data, model, iterations, burn_in = SETS[name]
+    data, model, step, iterations, burn_in = SETS[name]
     privacy = "" if eps is None else f'\n[privacy]\ndelta = 1e-5\nepsilon = {eps}\nlevel = "{level}"\n'
     folder = out / f"{name}-{level}-{eps or 'none'}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder.with_suffix(".toml")
     compression = "{ bits = 8 }" if level == "client" else '"none"'
-    path.write_text(TEMPLATE.format(data=data, model=model, iterations=iterations, burn_in=burn_in, privacy=privacy,
-                                    compression=compression))
+    path.write_text(TEMPLATE.format(data=data, model=model, step=step, iterations=iterations, burn_in=burn_in,
+                                    privacy=privacy, compression=compression))
     config.run(path, folder, progress=False)
     summary = json.loads((folder / "summary.json").read_text())
     p, overall = summary["settings"].get("privacy"), summary["predictive"]["overall"]
