@@ -118,8 +118,8 @@ def test_refusals_name_the_reason():
 
 def test_fa_ld_counts_only_the_other_clients_noise():
     w = np.array([0.5, 0.25, 0.25])
-    s = SETTING._replace(step_size=0.01, scaling="full", extra={"weights": w, "local_steps": 1, "correlation": 0.0})
-    z = 0.01 * np.sqrt(1 - w) / (w * SETTING.clip)
+    s = SETTING._replace(step_size=0.01, scaling="full", extra={"weights": w, "local_steps": 1, "correlation": 0.5})
+    z = 0.01 * np.sqrt(0.5 * (1 - w)) / (w * SETTING.clip)  # the shared half of the momenta does not count
     worst = max(epsilon(GaussianRounds(zi, 300), DELTA) for zi in z)
     assert account("fa-ld", s, DELTA)["client"]["epsilon"] == pytest.approx(worst, rel=1e-12)
 

@@ -42,9 +42,10 @@ is not used.)
   the average of the clients' moves is ``theta - (eta^2 / 2) [grad U_0 + sum_c H_c] + eta xi``
   with ``xi`` standard normal (the momenta ``sqrt(rho) xi + sqrt(1 - rho) xi^(c) / sqrt(w_c)``
   average to N(0, I)). Client level: the server adds ``w_c C_c(Delta_c)``, of norm at most
-  ``w_c C``; the client's own momentum noise is inside its clipped message, so only the others'
-  noise counts: ``sigma^2 = eta^2 (rho + (1 - rho)(1 - w_c))`` and ``z = sigma / (w_c C)`` (the
-  weights ``w_c`` are public settings). Record level without compression:
+  ``w_c C``; the client's own momentum noise is inside its clipped message and the shared ``xi``
+  is conditioned on (it is in that message too), so only the others' private momenta count:
+  ``sigma^2 = eta^2 (1 - rho)(1 - w_c)`` and ``z = sigma / (w_c C)`` (the weights ``w_c`` are public
+  settings; ``rho = 1`` leaves no noise). Record level without compression:
   ``Delta = eta^2 (N_c / n_c) C_r``, ``sigma = eta``, minibatch sampling as QLSD#.
 * DSGLD (a chain visits shard ``s`` with probability ``f_s`` for ``L`` local steps; all of them are
   rounds): a local step is ``theta + (h / 2) [grad log p + (N_s / (f_s m)) sum_B clip(g_x)] +
@@ -179,7 +180,7 @@ def _fa_ld(s: Setting) -> Bounds:
     if why:
         return {"client": [why], "record": [why]}
     w, rho, eta = np.asarray(e["weights"], float), float(e.get("correlation", 0.0)), s.step_size
-    others = eta * np.sqrt(rho + (1 - rho) * (1 - w))  # the noise of the other clients' momenta
+    others = eta * np.sqrt((1 - rho) * (1 - w))  # the other clients' private momenta (the shared xi is conditioned on)
     z = None if s.clip is None else others / (w * s.clip)
     client = _no_clip(s) or [tuple(GaussianRounds(zi, s.rounds) for zi in z)]
     # record level: the drift is (eta^2 / 2) sum_c H_c: gamma = eta^2 / 2, weight 1, sigma = eta
