@@ -62,7 +62,7 @@ def run(out: Path, name: str, level: str, eps) -> str:
     config.run(path, folder, progress=False)
     summary = json.loads((folder / "summary.json").read_text())
     p, overall = summary["settings"].get("privacy"), summary["predictive"]["overall"]
-    met = "-" if p is None else " / ".join(f"{p[u]['epsilon']:.3g}" if "epsilon" in p[u] else "none"
+    met = "-" if p is None else " / ".join(f"{p[u]['epsilon']:.3g}" if "epsilon" in p[u] else "-"
                                            for u in ("client", "record"))
     bound = "-" if p is None else f"{p['clip' if level == 'client' else 'record_clip']:.3g}"
     return (f"| {name} | {level} | {eps or 'none'} | {bound} | {met} | {overall['nll']:.4f} | {overall['ece']:.4f} "
