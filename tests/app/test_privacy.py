@@ -69,3 +69,18 @@ def run_fails(capsys, tmp_path, privacy, *fragments, sampler="qlsd#"):
 ])
 def test_refusals_are_one_line_exit_2_nothing_written(tmp_path, capsys, privacy, sampler, fragments):
     run_fails(capsys, tmp_path, privacy, *fragments, sampler=sampler)
+
+
+@pytest.mark.parametrize("sampler,privacy,level", [
+    ('name = "fa-ld"\nstep_size = 1e-3\nlocal_steps = 1', "delta = 1e-5\nepsilon = 5.0", "client"),
+    ('name = "dsgld"\nstep_size = 1e-3\nlocal_steps = 5\nbatch_size = 10', "delta = 1e-5\nepsilon = 5.0",
+     "client"),  # a replaced shard: its record_clip is chosen
+])
+def test_fa_ld_and_dsgld_meet_a_budget_with_their_builders_defaults(sampler, privacy, level):
+    from fedmcmc.app import config
+
+    text = CONFIG.replace('name = "{sampler}"\nstep_size = 1e-3\nbatch_size = 10\ncompression = {{ bits = 4 }}',
+                          sampler).format(privacy=privacy)
+    _, built = config.from_text(text)
+    assert 4.99 < built.privacy[level]["epsilon"] <= 5.0
+    assert built.privacy["record_clip" if "dsgld" in sampler else "clip"] is not None

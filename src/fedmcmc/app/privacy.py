@@ -73,16 +73,18 @@ def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict):
                    None if batch is None else tuple(np.atleast_1d(batch).tolist()),
                    tuple(np.atleast_1d(probs).tolist()), scaling,
                    compressor is not None and compressor.name != "identity",
-                   {key: args.get(key) for key in ("weights", "correlation", "local_steps", "debiased", "probs")})
+                   {key: args[key] for key in ("weights", "correlation", "local_steps", "debiased", "probs")
+                    if key in args})  # a key not set keeps the builder's default, the mapping's too
 
 
-def _largest(ok, low: float, high: float, integer: bool = False, steps: int = 40):
-    """The largest value in ``[low, high]`` with ``ok`` (monotone: true below, false above), or None."""
+def _largest(ok, low: float, high: float, integer: bool = False, rtol: float = 1e-4):
+    """The largest value in ``[low, high]`` with ``ok`` (monotone: true below, false above), to a
+    relative ``rtol`` (exact for integers), or None."""
     if not ok(low):
         return None
     if ok(high):
         return high
-    for _ in range(steps):
+    while high > low * (1 + rtol):
         mid = (low + high) // 2 if integer else math.sqrt(low * high)
         if mid in (low, high):
             break
@@ -113,7 +115,7 @@ def _budget(name: str, s, p: dict, error):
         probe = MAPPINGS[name](s._replace(**{knob: 1.0}))[level]
         if isinstance(probe[0], str):
             raise error(f"[privacy] epsilon for {name} at level {level!r}: {probe[0]}")
-        bound = _largest(lambda c: ok(s._replace(**{knob: c})), 1e-9, 1e9)
+        bound = _largest(lambda c: ok(s._replace(**{knob: c})), 1e-6, 1e6)
         if bound is None:
             raise error(f"[privacy] epsilon = {p['epsilon']:g} cannot be met by any {knob} for {name}; "
                         "raise epsilon or lower [run] num_iterations")
@@ -123,7 +125,7 @@ def _budget(name: str, s, p: dict, error):
             return s
     except ValueError as err:
         raise error(f"[privacy] epsilon for {name} at level {level!r}: {err}") from None
-    bound = _largest(lambda c: ok(s._replace(**{knob: c})), 1e-9, getattr(s, knob))
+    bound = _largest(lambda c: ok(s._replace(**{knob: c})), 1e-6, getattr(s, knob))
     rounds = _largest(lambda t: ok(s._replace(rounds=t)), 1, s.rounds, integer=True)
     fixes = [f"[privacy] {knob} <= {bound:.4g}" if bound else None,
              f"[run] num_iterations <= {rounds}" if rounds else None]
