@@ -2,7 +2,8 @@
 SuperNode authentication (certificates and keys generated here), one deployment serving
 several checks: same samples as the simulator for QLSD++ on node-local data (each SuperNode
 reads its own CSV file), with its ServerApp killed and the run resumed; an unauthenticated node kept out, a SuperNode killed and restarted mid-run
-(it rejoins under its partition) and a malformed reply (docs/flower.md)."""
+(it rejoins under its partition) and a malformed reply (docs/flower.md); secure aggregation with a
+node failing, the plain run's samples (docs/privacy.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from test_flower import QLSD_PP, SITES, reference, write_sites
+from test_secagg import GRID
+
+from fedmcmc.app import config
+from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
 
 from fedmcmc.app.flower.launch import LocalDeployment, data_paths, free_port
 
@@ -136,6 +141,19 @@ def test_deployment_with_tls_and_auth_same_samples_faults(deployment, tmp_path):
                              axis=1)
     assert samples.shape == (2, 4, 5) and np.all(np.isfinite(samples))
     assert payload["mean_active_clients"] <= 9 / 4  # 12 participations minus at least 2 lost and 1 rejected
+    # secure aggregation (full participation, uploads on a fixed-point grid): node 0 still fails
+    # round 1, so the survivors reveal their seeds with it; the samples are those of the plain
+    # run with the same failure, bit for bit (in process; tests/runtime/test_secagg.py)
+    text = text.replace("num_iterations = 4", "num_iterations = 2").replace("{ bits = 4 }", GRID)
+    plain = ServerRuntime(text, tmp_path / "plain", config.from_text).run(LocalTransport(
+        text, 3, config.from_text, faults=lambda kind, k, i, reply: None if (kind, k, i) == ("round", 1, 0) else reply))
+    path = tmp_path / "secure.toml"
+    path.write_text(text + "secure_aggregation = true\n")
+    flower = dep.run(path, tmp_path / "secure", timeout=900)["flower"]
+    chunks = sorted((tmp_path / "secure" / "chunks").glob("chunk_*"))
+    samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
+    np.testing.assert_array_equal(samples, plain.samples)  # bit for bit
+    assert flower["missing_replies"] == 1 and flower["secagg_recoveries"] == 2  # both chains' sums unmasked
     log = (tmp_path / "intruder.log").read_text()
     assert "SuperNode ID" not in log and "Connection attempt failed" in log  # refused by the SuperLink
 

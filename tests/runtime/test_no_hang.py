@@ -53,8 +53,8 @@ def long_lived() -> list[str]:
 
 
 def test_nothing_hangs_in_one_long_lived_process(long_lived):
-    """find_mode, NUTS, then every sampler and surrogate kind in this process and in worker
-    processes, in ONE process: each step ends, and the process exits cleanly."""
+    """find_mode, NUTS, then every sampler and surrogate kind in worker processes and the
+    surrogate kinds in this process too, from ONE process: each step ends, and it exits cleanly."""
     steps = [line for line in long_lived if line.startswith("DONE ")]
     assert len(steps) == sum(line.startswith("START ") for line in long_lived) > 18
 

@@ -51,7 +51,8 @@ from fedmcmc.samplers.participation import resolve_participation
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices"}
 #: Optional sections: the Flower runtime's (docs/flower.md; ignored by ``fedmcmc run``), privacy (app/privacy.py).
-_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact", "poll_interval", "hold"}, "privacy": privacy.KEYS}
+_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact", "poll_interval", "hold", "secure_aggregation"},
+             "privacy": privacy.KEYS}
 
 
 class ConfigError(ValueError):
@@ -71,11 +72,10 @@ class Built(NamedTuple):
     tests, inputs
         Each client's held-out ``(x, y)``, or None (a ``[problem]``, or ``test_fraction = 0``); what
         the data were (:class:`fedmcmc.app.inputs.Inputs`), None for a ``[problem]``.
-    step
+    step, privacy
         How the step size was set: ``{"value": ..., "rule": "given"}``, or with ``step_size = "auto"``
-        the record of :func:`fedmcmc.app.step.auto_step` (value, rule, curvature, rounds, bits).
-    privacy
-        With ``[privacy]``: the bounds and the (epsilon, delta) the run meets (:func:`fedmcmc.app.privacy.settle`).
+        the record of :func:`fedmcmc.app.step.auto_step` (value, rule, curvature, rounds, bits); with
+        ``[privacy]``, the bounds and the (epsilon, delta) the run meets (:func:`fedmcmc.app.privacy.settle`).
     """
 
     data: Any

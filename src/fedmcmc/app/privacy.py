@@ -152,6 +152,9 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
     if s.record_clip is not None:
         args["model"] = clipped_gradients(args["model"], s.record_clip)
     if s.clip is not None and "compressor" in args:
+        if getattr(args["compressor"], "aggregate", None) is not None:
+            raise error("[privacy] clip cannot yet bound uploads on a fixed_point grid (its rounding can lengthen a "
+                        "clipped upload); drop compression's fixed_point, or clip records with record_clip")
         args["compressor"] = clipped(args["compressor"] or identity(), s.clip)
     levels = account(name, s, p["delta"], p["accountant"])
     uncovered = _UNCOVERED + (["step_size = \"auto\" (the curvature at the mode)"]

@@ -11,6 +11,9 @@ Compressors (:class:`~fedmcmc.core.base.Compressor`; each owns its message)
   inner message for ``v - eta_i`` and keeps ``eta_i`` in its state.
 * :func:`clipped` -- norm clipping of the decoded upload (privacy): the inner message, rescaled
   so that what the server decodes has norm at most ``bound``.
+* :func:`fixed_point` -- puts any compressor's decoded messages on a shared fixed-point grid,
+  so that the server sums integers (exactly; what secure aggregation needs);
+  :func:`weighted_sum` is how a server sums a compressor's messages.
 * :func:`resolve_compressor` -- a compressor from a configuration value.
 
 Messages on the wire (:mod:`fedmcmc.compression.codec`)
@@ -32,6 +35,7 @@ same name as attributes of this package; import submodule contents with
 from fedmcmc.compression._spec import resolve_compressor
 from fedmcmc.compression.clipping import clipped
 from fedmcmc.compression.codec import Decoded, Encoded, decode, encode, is_message, message_bits
+from fedmcmc.compression.fixed_point import FixedPointMessage, fixed_point, weighted_sum
 from fedmcmc.compression.identity import identity
 from fedmcmc.compression.memory import with_memory
 from fedmcmc.compression.quantization import (
@@ -47,6 +51,9 @@ __all__ = [
     "quantization",
     "with_memory",
     "clipped",
+    "fixed_point",
+    "FixedPointMessage",
+    "weighted_sum",
     "resolve_compressor",
     "QuantizationState",
     "QSGDMessage",

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from fedmcmc.compression.fixed_point import fixed_point
 from fedmcmc.compression.identity import identity
 from fedmcmc.compression.quantization import MAX_BITS, quantization
 from fedmcmc.core.base import Compressor
@@ -15,7 +16,8 @@ __all__ = ["resolve_compressor"]
 _SPEC_HELP = (
     'use None, "none", "identity" or 0 for no compression; an integer s >= 1 for s '
     'quantisation levels; {"bits": p} for s = 2**p; {"levels": s} or {"levels": [s_1, ...]} '
-    "for (per-client) levels"
+    "for (per-client) levels; add fixed_point = {fraction_bits = p, max_abs = M} to put the decoded "
+    "uploads on the grid 2**-p Z (secure aggregation)"
 )
 
 
@@ -47,6 +49,9 @@ def resolve_compressor(spec) -> Compressor:
         * a sequence of integers: ``quantization(levels)`` (one per client);
         * ``{"bits": p}`` (``p`` in ``[0, 24]`` (``MAX_BITS``), or a list of them): ``quantization(2**p)``;
         * ``{"levels": s}`` or ``{"levels": [s_1, ..., s_b]}``: ``quantization(levels)``;
+        * any mapping above (or an empty one, for the identity) with a key ``fixed_point =
+          {"fraction_bits": p, "max_abs": M}``: that compressor wrapped in
+          :func:`~fedmcmc.compression.fixed_point.fixed_point`;
         * a :class:`~fedmcmc.core.base.Compressor`: returned unchanged.
 
     Returns
@@ -70,6 +75,12 @@ def resolve_compressor(spec) -> Compressor:
         return identity()
     if isinstance(spec, (int, float, np.integer, np.floating)):
         return quantization(spec)  # validates: integer >= 1
+    if isinstance(spec, Mapping) and "fixed_point" in spec:
+        grid = spec["fixed_point"]
+        if not isinstance(grid, Mapping) or set(grid) != {"fraction_bits", "max_abs"}:
+            raise ValueError(f"fixed_point must be {{fraction_bits = p, max_abs = M}} (got {grid!r})")
+        rest = {k: v for k, v in spec.items() if k != "fixed_point"}
+        return fixed_point(resolve_compressor(rest or None), grid["fraction_bits"], grid["max_abs"])
     if isinstance(spec, Mapping):
         keys = set(spec)
         if keys == {"bits"}:

@@ -14,6 +14,11 @@ float32 array       ``f32``         IEEE-754 float32, little-endian             
 other array         ``raw``         its own dtype, little-endian                  ``8 nbytes``
 ==================  ==============  ============================================  =========================
 
+A :class:`~fedmcmc.compression.fixed_point.FixedPointMessage` travels as its inner message
+(same tag, same bits): its ``value`` and ``offset`` are the receiver's to compute, and the
+decoder returns them as zeros (the sampler's aggregation recomputes the integers from the
+inner message). One with a nonzero offset never leaves the server and is refused.
+
 The counted length of a message is :func:`message_bits` (JAX, jittable): the compressors
 report it, the receiver counts it after decoding, and the tests check it against the
 length :func:`encode` writes for every registered sampler's upload.
@@ -33,6 +38,7 @@ from fedmcmc.compression._array_codec import (
     encode_raw,
 )
 from fedmcmc.compression._qsgd_codec import decode_qsgd, encode_qsgd
+from fedmcmc.compression.fixed_point import FixedPointMessage
 from fedmcmc.compression.quantization import MAX_LEVELS, QSGDMessage, dequantize_np
 from fedmcmc.compression.quantization import message_bits as _qsgd_message_bits
 from fedmcmc.core.types import Array
@@ -83,7 +89,7 @@ class Decoded(NamedTuple):
 
 def is_message(x) -> bool:
     """Whether ``x`` is a compressor's message that travels whole (not array by array)."""
-    return isinstance(x, QSGDMessage)
+    return isinstance(x, (QSGDMessage, FixedPointMessage))
 
 
 def message_bits(message) -> Array | int:
@@ -92,6 +98,8 @@ def message_bits(message) -> Array | int:
     An int32 JAX scalar for a ``QSGDMessage`` (jittable; its levels may be traced), a
     Python int for an array (its length follows from its shape and dtype).
     """
+    if isinstance(message, FixedPointMessage):
+        return message_bits(message.inner)
     if is_message(message):
         return _qsgd_message_bits(message)
     return array_bits(message)
@@ -105,6 +113,10 @@ def encode(message) -> Encoded:
     Encoded
         Its codec tag, its bytes and its exact unpadded length in bits.
     """
+    if isinstance(message, FixedPointMessage):
+        if np.any(np.asarray(message.offset)):
+            raise ValueError("a fixed-point message with a nonzero offset does not travel (the server's own sum)")
+        return encode(message.inner)
     if is_message(message):
         s = int(message.levels)
         levels = np.asarray(message.signed_levels).reshape(-1)
@@ -142,6 +154,10 @@ def decode(codec: str, data: bytes, like) -> Decoded:
     """
     if not isinstance(codec, str):
         raise TypeError(f"codec tag must be a string, got {type(codec).__name__}")
+    if isinstance(like, FixedPointMessage):
+        inner = decode(codec, data, like.inner)
+        zeros = np.zeros(tuple(like.value.shape), np.int32)
+        return Decoded(FixedPointMessage(inner.message, zeros, zeros.copy()), inner.value, inner.bits)
     if is_message(like) and codec.startswith(_QSGD_TAG):
         s = int(codec[len(_QSGD_TAG):])
         if not 1 <= s <= MAX_LEVELS:

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from fedmcmc.compression.fixed_point import weighted_sum
 from fedmcmc.core.base import Compressor
 from fedmcmc.core.types import Array, PRNGKey
 
@@ -90,7 +91,7 @@ def with_memory(compressor: Compressor, rate) -> Compressor:
     return compressor._replace(init=init, apply=apply, name=f"memory({compressor.name})")
 
 
-def memory_sum_update(memory_sum: Array, deltas: Array, mask: Array, rate) -> Array:
+def memory_sum_update(memory_sum: Array, compressor: Compressor, messages, mask: Array, rate) -> Array:
     """The server's copy of ``eta = sum_i eta_i`` after a round:
     ``eta + sum_{i in A} alpha_i Delta_i``.
 
@@ -98,12 +99,15 @@ def memory_sum_update(memory_sum: Array, deltas: Array, mask: Array, rate) -> Ar
     ----------
     memory_sum
         ``eta`` before the round.
-    deltas
-        ``[b, d]``, the decoded messages ``Delta_i`` (ignored for inactive clients).
+    compressor
+        The wrapped compressor (its ``decode`` gives ``Delta_i``; its aggregation sums them,
+        :func:`fedmcmc.compression.weighted_sum`).
+    messages
+        The clients' messages, leading axis ``b`` (ignored for inactive clients).
     mask
         ``[b]``, the clients that sent.
     rate
         ``alpha_i``, as given to :func:`with_memory`.
     """
     rates = mask.astype(jnp.float32) * jnp.broadcast_to(jnp.asarray(rate, jnp.float32), mask.shape)
-    return memory_sum + jnp.tensordot(rates, deltas, axes=1)
+    return memory_sum + weighted_sum(compressor, rates, messages)

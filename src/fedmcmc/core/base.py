@@ -110,6 +110,9 @@ class Compressor(NamedTuple):
     and E||v_hat - v||^2 <= omega ||v||^2, and must give 0 for an all-zero message (the
     runtimes hold zeros for inactive clients); ``omega(d)`` gives omega for vectors of
     dimension ``d`` (a scalar, or an array over clients for per-client compressors).
+    ``aggregate(weights, messages) -> sum_i w_i v_hat_i`` (over a leading client axis) is how
+    the server sums them, when not the float sum of the decoded messages (None;
+    :func:`fedmcmc.compression.weighted_sum` picks).
     """
 
     init: Callable[..., Any]
@@ -117,6 +120,7 @@ class Compressor(NamedTuple):
     decode: Callable[[Any], Any]
     omega: Callable[[int], Any]
     name: str = "compressor"
+    aggregate: Callable[..., Any] | None = None
 
 
 class Participation(NamedTuple):

@@ -14,6 +14,7 @@ indices, so the split never changes a sample.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -183,21 +184,33 @@ class Chains:
         self.init, self.chunk = _build(sampler, data, statistic, devices)
         self.width = placement.width(len(chains), devices)
         self.keys = chain_keys(seed, np.arange(chains.start, chains.start + self.width))
+        self.theta_shape = tuple(theta0.shape[1:])
         theta0 = jnp.asarray(placement.pad(theta0, self.width), jnp.float32)
-        try:
-            carry_shape = jax.eval_shape(self.init, self.keys, theta0)[0]
-            jax.eval_shape(lambda k, c: self.chunk(k, c, jnp.int32(0), 1, 1), self.keys, carry_shape)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"theta0 of shape {tuple(theta0.shape[1:])} does not fit this sampler and data "
-                             f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
-        self.carry, (up, down) = self.init(self.keys, theta0)
+        with self._fitting():
+            self.carry, (up, down) = self.init(self.keys, theta0)
+        self.fits = False  # not known before the first chunk has been traced
         n = len(chains)
         self.setup_bits = (np.asarray(up, np.int64)[:n].sum(axis=1), np.asarray(down, np.int64)[:n] * data.num_clients)
+
+    @contextlib.contextmanager
+    def _fitting(self):
+        """A shape error while the programs are first traced is theta0's: one line that says so.
+        (Traced by the calls themselves: a separate ``eval_shape`` would trace them twice.)"""
+        try:
+            yield
+        except (TypeError, ValueError) as err:
+            if getattr(self, "fits", False):
+                raise
+            raise ValueError(f"theta0 of shape {self.theta_shape} does not fit this sampler and data "
+                             f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
 
     def run(self, k0: int, num_draws: int, thinning: int) -> dict:
         """Rounds ``k0 + 1 .. k0 + num_draws * thinning``: positions ``[chains, draws, m, d]``, the
         bit and participation counts of each draw's window, statistics ``[chains, rounds, ...]``."""
-        self.carry, positions, windows, stats = self.chunk(self.keys, self.carry, jnp.int32(k0), num_draws, thinning)
+        with self._fitting():
+            self.carry, positions, windows, stats = self.chunk(self.keys, self.carry, jnp.int32(k0), num_draws,
+                                                               thinning)
+        self.fits = True
         out = {"positions": np.asarray(positions), "up": _total(windows.up_hi, windows.up_lo),
                "down": _total(windows.down_hi, windows.down_lo), "active": np.asarray(windows.active)}
         if stats is not None:
@@ -292,7 +305,8 @@ def _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinnin
 
 def _restore(chunk_dir: Path | None, resume: bool, run_fingerprint: str, blocks) -> tuple[int, float, list[dict]]:
     """Rounds done, wall time and chunks of the run in ``chunk_dir``, with the blocks' state restored
-    when resuming; otherwise an empty (cleared) folder and nothing done."""
+    when resuming; otherwise nothing done (the folder's old files go when the first chunk is written,
+    so a run that fails before it leaves them)."""
     done, wall, pieces = 0, 0.0, []
     if chunk_dir is None:
         return done, wall, pieces
@@ -308,9 +322,6 @@ def _restore(chunk_dir: Path | None, resume: bool, run_fingerprint: str, blocks)
         for i in range(int(saved["num_chunks"])):
             with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
                 pieces.append({name: z[name] for name in z.files})
-    elif chunk_dir.exists() and any(chunk_dir.iterdir()) and not resume:
-        for old in chunk_dir.iterdir():
-            old.unlink()
     chunk_dir.mkdir(parents=True, exist_ok=True)
     return done, wall, pieces
 
@@ -383,6 +394,9 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
                                 done, length, thinning, burn_in))
             done += length
             if chunk_dir is not None:
+                if not resume and len(pieces) == 1:
+                    for old in chunk_dir.iterdir():
+                        old.unlink()
                 save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **pieces[-1])
                 leaves = [np.concatenate(x) for x in zip(*_each(blocks, "state", lambda block: ()))]
                 save_npz(chunk_dir / "state.npz", fingerprint=np.asarray(run_fingerprint), done=np.asarray(done),

@@ -28,6 +28,7 @@ from fedmcmc.estimators import gradients
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
+from fedmcmc.compression.fixed_point import check_uniform, weighted_sum
 from fedmcmc.samplers.integrators import langevin_step, step_size_at
 from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo, float_bits
 
@@ -108,7 +109,7 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
 
     def server_step(key, server_state, uploads, mask, k):
         gamma = step_size_at(step_size, k)
-        drift = jnp.tensordot(participation.weights(mask), jax.vmap(compressor.decode)(uploads), axes=1)
+        drift = weighted_sum(compressor, participation.weights(mask), uploads)
         if server_constant is not None:
             drift = drift + server_constant
         position = server_move(key, model, participation, server_state.position, drift, mask, gamma)
@@ -116,6 +117,8 @@ def qlsd(model: Model, step_size, oracle, compressor=None, participation: Partic
         return QLSDState(position), Broadcast(position), info
 
     clients = per_client_count(compressor.omega(model.dim), known=(num_clients, participation.num_clients))
+    if compressor.aggregate is not None:
+        check_uniform(compressor, "the participation weight", participation.weights(jnp.ones((clients or 1,), bool)))
     return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients)
 
 

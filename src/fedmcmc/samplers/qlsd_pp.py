@@ -66,6 +66,7 @@ from fedmcmc.estimators.svrg import anchor_travels, next_anchor, svrg
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.core.base import FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.compression import identity
+from fedmcmc.compression.fixed_point import check_uniform, weighted_sum
 from fedmcmc.compression.memory import memory_sum_update, with_memory
 from fedmcmc.samplers.integrators import step_size_at
 from fedmcmc.samplers.messages import ServerInfo, float_bits
@@ -183,17 +184,20 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
 
     def server_step(key, server_state, uploads, mask, k):
         gamma = step_size_at(step_size, k)
-        deltas = jax.vmap(compressor.decode)(uploads)
-        drift = server_state.memory + jnp.tensordot(participation.weights(mask), deltas, axes=1)
+        drift = server_state.memory + weighted_sum(compressor, participation.weights(mask), uploads)
         position = server_move(key, model, participation, server_state.position, drift, mask, gamma)
         carried = anchor_travels(server_state.synced, k, refresh_every) if uses_anchor else jnp.zeros((), bool)
         bits = float_bits(server_state.position) + jnp.where(carried, float_bits(server_state.anchor), 0)
         anchor, synced = next_anchor(server_state.anchor, server_state.synced, position, mask, k, refresh_every)
-        new = QLSDPPState(position, memory_sum_update(server_state.memory, deltas, mask, rate), anchor, synced)
+        memory = memory_sum_update(server_state.memory, compressor, uploads, mask, rate)
+        new = QLSDPPState(position, memory, anchor, synced)
         return new, QLSDPPBroadcast(position, anchor), ServerInfo(step_size=gamma, broadcast_bits=bits)
 
     probs = np.asarray(participation.probs, np.float64) if memory_update == "inverse_probability" else None
     clients = per_client_count(sizes, compressor.omega(model.dim), alpha, probs, known=(participation.num_clients,))
+    if compressor.aggregate is not None:
+        check_uniform(compressor, "the participation weight", participation.weights(jnp.ones((clients or 1,), bool)))
+        check_uniform(compressor, "the memory rate", alpha)
     return FederatedSampler(init, client_init, client_step, server_step, participation, name, clients)
 
 

@@ -16,6 +16,8 @@
     (:mod:`fedmcmc.app.bench.chains`).
 (f) ``federation_overhead_large``: a QLSD++ round (8-bit QSGD, 20 clients) over the same
     minibatch gradients alone, on the BNN study's MLP and LeNet-5 (:mod:`fedmcmc.app.bench.large`).
+(g) ``secure_aggregation``: the upload bits and round time of QLSD++ with secure aggregation over
+    the plain run, in process (:mod:`fedmcmc.app.bench.secagg`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 from fedmcmc.runtime import cpu, io
 from fedmcmc.estimators import gradients
 from fedmcmc.app import problems
-from fedmcmc.app.bench import devices as device_bench, flower as flower_bench, large, numpy_reference
+from fedmcmc.app.bench import devices as device_bench, flower as flower_bench, large, numpy_reference, secagg
 from fedmcmc.app.bench.chains import chain_scaling
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
@@ -141,6 +143,7 @@ def run(out: Path, quick: bool = False, flower: bool = False) -> dict:
         "dsgld_sparse_speedup": ds["cg_dsgld_steps_per_second"] / ds["cg_dsgld_dense_steps_per_second"],
         "chains_scale": chain_scaling(0.25 if quick else 1.0),
         "federation_overhead_large": large.run(quick),
+        "secure_aggregation": secagg.run(Path(out) / "secagg", quick),
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
     }

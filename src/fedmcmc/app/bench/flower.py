@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fedmcmc.app.bench import secagg
 from fedmcmc.app.flower.launch import NODE_ENV, LocalDeployment
 
 ECHO_DIR = Path(__file__).parent / "flwr_echo"
@@ -103,10 +104,12 @@ def run(out, quick: bool = False, rounds: int | None = None) -> dict:
         ours["fa-hmc"] = _ours(dep, out, "fa-hmc", rounds)
         echo_jax = _echo(dep, out / "echo-jax", rounds, *sizes, import_jax=True)
         with_hold = _ours(dep, out, "qlsd++", rounds, hold=True)
+        secure = secagg.deployment(dep, out, _PROBLEM, _RUN, rounds)  # secure aggregation's round, plain and secure
     round_ratio = max(o["median_round_seconds"] for o in ours.values()) / echo["median_round_seconds"]
     process_ratio = (max(o["median_client_process_seconds"] for o in ours.values())
                      / echo_jax["median_client_process_seconds"])
     return {
+        **secure,
         "flower_round_ratio": round_ratio, "flower_round_ratio_target": TARGETS["flower_round_ratio"],
         "flower_client_process_ratio": process_ratio,
         "flower_client_process_ratio_target": TARGETS["flower_client_process_ratio"],

@@ -24,6 +24,7 @@ import numpy as np
 
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime.flower import programs as programs_lib
+from fedmcmc.runtime.flower import secagg
 from fedmcmc.runtime.flower.wire import encode_upload, from_leaves, items, leaves, pack, unpack
 from fedmcmc.runtime.records import save_npz
 from fedmcmc.runtime.round import chain_keys
@@ -188,6 +189,8 @@ class ClientRuntime:
             if state_dir is not None:
                 self._save(state_dir, k, store, int(msg.get("keep", 3)))
             chains = [int(c) for c in np.flatnonzero(mask)]
+            if msg.get("secure"):
+                return self._masked(msg, store, state_dir, up, chains)
             reply: dict[str, Any] = {"chains": chains, "bits": [], "wire_bits": []}
             parts = items(up)
             bits = np.asarray(bits)
@@ -199,7 +202,59 @@ class ClientRuntime:
                 reply["bits"].append(int(bits[c, 0]))
                 reply["wire_bits"].append(int(enc.bits))
             return reply
+        if kind.startswith("secagg_"):
+            return self._secagg(kind, msg, store, state_dir)
         raise ValueError(f"unknown message kind {kind!r}")
+
+    def _secagg(self, kind: str, msg: dict, store: dict, state_dir: Path | None) -> dict:
+        """The key exchange of secure aggregation (:mod:`fedmcmc.runtime.flower.secagg`): make a key
+        pair (``secagg_keys``), keep the peers' public keys (``secagg_peers``), or reveal this
+        client's seeds of one round with the clients that dropped out (``secagg_reveal``)."""
+        if kind == "secagg_keys":
+            private, public = secagg.keypair()
+            store.update(secagg_private=private, secagg_publics=b"")
+            return {"public": public}
+        if kind == "secagg_peers":
+            store["secagg_publics"] = bytes(msg["publics"])
+            if state_dir is not None:  # a node that restarts keeps its keys
+                folder = state_dir / f"client{self.index}"
+                folder.mkdir(parents=True, exist_ok=True)
+                save_npz(folder / "secagg.npz", private=np.frombuffer(store["secagg_private"], np.uint8),
+                         publics=np.frombuffer(store["secagg_publics"], np.uint8))
+            return {"ok": 1}
+        if kind == "secagg_reveal":
+            k = int(msg["k"])
+            return {"seeds": b"".join(self._seed(store, state_dir, int(u), k, int(c)) for c, u in msg["pairs"])}
+        raise ValueError(f"unknown message kind {kind!r}")
+
+    def _seed(self, store: dict, state_dir: Path | None, peer: int, k: int, chain: int) -> bytes:
+        """This client's seed with ``peer`` in round ``k`` and chain ``chain``."""
+        if not store.get("secagg_publics"):
+            path = state_dir / f"client{self.index}" / "secagg.npz" if state_dir else None
+            if path is None or not path.exists():
+                raise RuntimeError(f"client {self.index} has no secure-aggregation keys (restarted without its "
+                                   "state folder); it is inactive until the run is resumed")
+            with np.load(path) as z:
+                store.update(secagg_private=z["private"].tobytes(), secagg_publics=z["publics"].tobytes())
+        publics = store["secagg_publics"]
+        public = publics[peer * secagg.KEY_BYTES:(peer + 1) * secagg.KEY_BYTES]
+        cache = self.__dict__.setdefault("_secrets", {})
+        pair = (store["secagg_private"], public)
+        if pair not in cache:
+            cache[pair] = secagg.pair_secret(pair[0], self.index, peer, public, self.key.encode())
+        return secagg.round_seed(cache[pair], k, chain)
+
+    def _masked(self, msg: dict, store: dict, state_dir: Path | None, up, chains) -> dict:
+        """The reply of a secure round: per chain, the grid integers masked for the chain's active
+        clients (``msg["active"]``, ``[C, b]``); nothing else (not even the QSGD code's length)."""
+        k = int(msg["k"])
+        active = np.asarray(msg["active"][0], bool)
+        reply: dict[str, Any] = {"chains": chains}
+        for c in chains:
+            peers = [int(j) for j in np.flatnonzero(active[c])]
+            seeds = {j: self._seed(store, state_dir, j, k, c) for j in peers if j != self.index}
+            reply[f"masked/{c}"] = [secagg.masked(np.asarray(up.value)[c, 0], self.index, peers, seeds)]
+        return reply
 
     def _restore(self, state_dir: Path | None, k: int, store: dict) -> None:
         """Load the node's latest saved state from before round ``k`` into ``store``."""

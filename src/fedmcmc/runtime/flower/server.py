@@ -18,6 +18,11 @@ its committed state, exactly as an inactive client does in the simulator. So a n
 restarts from its saved state, having missed messages, stays in step with the server. The server writes draws and its state
 every chunk of rounds; each node writes its own state every round to its state folder, so
 a restarted server resumes (``resume=True``) with the same samples as an uninterrupted run.
+
+Secure aggregation (``[flower] secure_aggregation = true``, :mod:`~fedmcmc.runtime.flower.secagg`):
+the clients upload masked grid integers; the server unmasks each chain's sum of the active
+clients' (asking the survivors for their seeds with a client that dropped out) and hands it to
+the same ``server_step``, so the samples are the plain run's.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedmcmc.compression import FixedPointMessage
 from fedmcmc.core import xla
+from fedmcmc.runtime.flower import secagg
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime.flower.client import Build, ClientRuntime, config_hash
 from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, from_leaves, items, leaves
@@ -41,7 +48,8 @@ from fedmcmc.runtime.round import chain_keys
 log = logging.getLogger("fedmcmc.runtime.flower")
 
 #: Default settings of the ``[flower]`` part of a run (``ServerRuntime`` keyword arguments).
-DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8, "poll_interval": 0.1, "hold": False}
+DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8, "poll_interval": 0.1, "hold": False,
+            "secure_aggregation": False}
 
 
 
@@ -60,7 +68,9 @@ class ServerRuntime:
     ----------
     cfg_text
         The run config (``fedmcmc run`` format); its optional ``[flower]`` settings are
-        ``round_timeout`` (seconds a round waits for replies) and ``max_upload_norm``.
+        ``round_timeout`` (seconds a round waits for replies), ``max_upload_norm`` and
+        ``secure_aggregation`` (:mod:`~fedmcmc.runtime.flower.secagg`; the server then sees only
+        each round's sum of the uploads).
     out_dir
         Output folder: ``chunks/`` (draws, server state) and ``nodes/`` (the clients' own
         checkpoints in a local run; a real deployment keeps them on each node).
@@ -83,6 +93,11 @@ class ServerRuntime:
         self.out_dir, self.resume = Path(out_dir), resume
         self.state_dir = str(state_dir if state_dir is not None else self.out_dir / "nodes")
         self.stats = {"rejected_uploads": 0, "missing_replies": 0, "wire_bits_mismatch": 0, "round_seconds": []}
+        self.secure = self.flower["secure_aggregation"]
+        if not isinstance(self.secure, bool):
+            raise ValueError(f"[flower] secure_aggregation must be true or false (got {self.secure!r})")
+        if self.secure:
+            self.stats.update(secagg_bits_up=0, secagg_bits_down=0, secagg_recoveries=0)
         self.chain_keys = chain_keys(self.seed, np.arange(self.C))
         self._compile(data)
 
@@ -102,6 +117,10 @@ class ServerRuntime:
         cs = jax.eval_shape(s.client_init, key, bc, client0)
         up = jax.eval_shape(s.client_step, key, cs, bc, client0, jnp.int32(0))[1]
         self.up_leaves, self.up_treedef = jax.tree_util.tree_flatten(up)
+        if self.secure and not isinstance(up, FixedPointMessage):
+            raise ValueError(f"secure_aggregation needs uploads on a fixed-point grid, and {s.name}'s are not; use a "
+                             "QLSD-family sampler with compression = {..., fixed_point = {fraction_bits = .., "
+                             "max_abs = ..}}")
         self.up_parts = items(up)
         self.ss_like, self.bc_like = jax.eval_shape(self.init, jax.ShapeDtypeStruct((self.C, 2), jnp.uint32),
                                                     self.theta0)
@@ -149,6 +168,8 @@ class ServerRuntime:
             self._all(transport, {i: self._message("init", resume_from=done, broadcast=leaves(broadcast))
                                   for i in clients}, "resume")
             log.info("resumed at round %d", done)
+            if self.secure:
+                self._keys(transport)
         else:
             if chunk_dir.exists():
                 for old in chunk_dir.iterdir():
@@ -158,6 +179,8 @@ class ServerRuntime:
             self._all(transport, {i: self._message("init", broadcast=leaves(broadcast)) for i in clients}, "init")
             if self.sampler.setup is not None:
                 server_state, setup_bits = self._setup(transport, server_state, broadcast)
+            if self.secure:
+                self._keys(transport)
         while done < self.N:
             length = min(self.chunk, self.N - done)
             start = time.perf_counter()
@@ -213,10 +236,25 @@ class ServerRuntime:
         messages = {i: self._message("round", k=k, broadcast=bc, mask=leaves([mask[:, i]]),
                                      accepted_round=leaves([accepted[:, i].copy()]), keep=self.chunk + 2)
                     for i in range(self.b) if mask[:, i].any()}
+        if self.secure:
+            for m in messages.values():
+                m.update(secure=1, active=leaves([mask]))
         replies = transport.exchange(messages, self.flower["round_timeout"]) if messages else {}
         uploads = [np.zeros((self.C, self.b) + tuple(x.shape), x.dtype) for x in self.up_leaves]
         effective = np.zeros_like(mask)
         bits = np.zeros((self.C, self.b), np.int64)
+        collect = self._collect_secure if self.secure else self._collect
+        collect(transport, k, mask, messages, replies, uploads, effective, bits)
+        accepted[effective] = k
+        up_tree = jax.tree_util.tree_unflatten(self.up_treedef, [jnp.asarray(u) for u in uploads])
+        server_state, broadcast, info = self.step(self.chain_keys, server_state, up_tree, jnp.asarray(effective),
+                                                  jnp.int32(k))
+        n_active = effective.sum(axis=1)
+        counts = np.stack([bits.sum(axis=1), n_active * np.asarray(info.broadcast_bits, np.int64), n_active])
+        return server_state, broadcast, accepted, counts
+
+    def _collect(self, transport, k, mask, messages, replies, uploads, effective, bits):
+        """Decode and validate the replies into ``uploads`` (``[C, b]`` per leaf), ``effective`` and ``bits``."""
         for i in messages:
             reply = replies.get(i)
             if reply is None:
@@ -243,14 +281,75 @@ class ServerRuntime:
                 for u, v in zip(uploads, values):
                     u[c, i] = v
                 effective[c, i] = True
-                accepted[c, i] = k
                 bits[c, i] = wire
-        up_tree = jax.tree_util.tree_unflatten(self.up_treedef, [jnp.asarray(u) for u in uploads])
-        server_state, broadcast, info = self.step(self.chain_keys, server_state, up_tree, jnp.asarray(effective),
-                                                  jnp.int32(k))
-        n_active = effective.sum(axis=1)
-        counts = np.stack([bits.sum(axis=1), n_active * np.asarray(info.broadcast_bits, np.int64), n_active])
-        return server_state, broadcast, accepted, counts
+
+    def _keys(self, transport):
+        """Secure aggregation's key exchange (:mod:`~fedmcmc.runtime.flower.secagg`): every client's
+        public key, then all of them to every client."""
+        replies = self._all(transport, {i: self._message("secagg_keys") for i in range(self.b)}, "key")
+        publics = b"".join(bytes(replies[i]["public"]) for i in range(self.b))
+        if len(publics) != self.b * secagg.KEY_BYTES:
+            raise RuntimeError("a client sent a public key of the wrong length")
+        self._all(transport, {i: self._message("secagg_peers", publics=publics) for i in range(self.b)}, "keys")
+        self.stats["secagg_bits_up"] += 8 * len(publics)
+        self.stats["secagg_bits_down"] += 8 * len(publics) * self.b
+
+    def _collect_secure(self, transport, k, mask, messages, replies, uploads, effective, bits):
+        """Unmask each chain's sum of its surviving clients' integers and hand it to the sampler as
+        the first survivor's ``offset`` (every other message zero); dropped clients' masks are
+        removed with the seeds the survivors reveal (one more exchange, only then). A client's
+        upload bits are its masked words, ``32 d``."""
+        size = int(np.prod(self.up_parts[0].value.shape))
+        got, asks = {}, {}
+        for i in messages:
+            reply = replies.get(i)
+            if reply is None:
+                self.stats["missing_replies"] += 1
+                log.warning("round %d: client %d failed or timed out; inactive this round", k, i)
+                continue
+            for c in np.flatnonzero(mask[:, i]).tolist():  # chain by chain: a valid masked upload is
+                try:  # never followed by a request for its client's seeds
+                    y = np.asarray(reply[f"masked/{c}"][0])
+                    if y.dtype != np.uint32 or y.shape != (size,):
+                        raise MalformedUpload(f"masked upload of {y.dtype} {y.shape}, expected uint32 ({size},)")
+                    got[(c, i)] = y
+                except (MalformedUpload, KeyError, TypeError, IndexError, ValueError) as err:
+                    self.stats["rejected_uploads"] += 1
+                    log.warning("round %d: rejected the upload of client %d for chain %d: %s", k, i, c, err)
+        dropped = {c: [i for i in np.flatnonzero(mask[c]) if (c, i) not in got] for c in range(self.C)}
+        for (c, j) in got:
+            if dropped[c]:
+                asks.setdefault(j, []).extend([c, int(u)] for u in dropped[c])
+        revealed = self._reveal(transport, k, asks) if asks else {}
+        offset = len(self.up_leaves) - 1  # the last leaf of a FixedPointMessage
+        for c in range(self.C):
+            survivors = [i for i in range(self.b) if (c, i) in got]
+            try:
+                total = secagg.unmask({i: got[(c, i)] for i in survivors}, dropped[c], revealed.get(c, {})) \
+                    if survivors else None
+            except KeyError:
+                log.warning("round %d: chain %d's sum could not be unmasked; no client applied", k, c)
+                continue
+            if total is not None:
+                uploads[offset][c, survivors[0]] = total.reshape(uploads[offset].shape[2:])
+                self.stats["secagg_recoveries"] += bool(dropped[c])
+            for i in survivors:  # the bits on the wire: the masked words
+                effective[c, i], bits[c, i] = True, 32 * size
+                self.stats["secagg_bits_up"] += 32 * size
+
+    def _reveal(self, transport, k, asks: dict) -> dict:
+        """``{(j, u): seed}``: survivor ``j``'s seed with dropped client ``u`` of round ``k``, per
+        chain (a missing seed leaves that chain's sum masked)."""
+        replies = transport.exchange({j: self._message("secagg_reveal", k=k, pairs=pairs) for j, pairs in asks.items()},
+                                     self.flower["round_timeout"])
+        out = {}
+        for j, pairs in asks.items():
+            seeds = (replies.get(j) or {}).get("seeds", b"")
+            if len(seeds) == secagg.KEY_BYTES * len(pairs):
+                self.stats["secagg_bits_up"] += 8 * len(seeds)
+                for n, (c, u) in enumerate(pairs):
+                    out.setdefault(c, {})[(j, u)] = seeds[n * secagg.KEY_BYTES:(n + 1) * secagg.KEY_BYTES]
+        return out
 
 
 class LocalTransport:

@@ -1,0 +1,107 @@
+"""Secure aggregation of integer uploads: the server learns only the sum of the active clients'.
+
+The pairwise-masking protocol of Bonawitz et al. (CCS 2017), on the int32 grid integers of
+:func:`fedmcmc.compression.fixed_point` (docs/privacy.md, "Secure aggregation"):
+
+* **Keys, once per run** (every client): client ``i`` makes an X25519 key pair and sends its
+  public key; the server relays all public keys; every pair ``(i, j)`` agrees on a secret
+  ``s_ij = HKDF-SHA256(X25519(i, j), info = context | min(i, j) | max(i, j))``
+  (:func:`pair_secret`). The server never holds a private key or a pair secret.
+* **Each round ``k``, each chain ``c``**, with ``A`` the chain's active clients: client ``i``
+  uploads ``y_i = q_i + sum_{j in A, j != i} sign(j - i) m_ij  (mod 2^32)``, where
+  ``m_ij = SHAKE-256(t_ij)`` expanded to ``d`` words and ``t_ij = SHA-256(s_ij | k | c)`` is the
+  pair's seed of that round and chain (:func:`round_seed`). The masks cancel in
+  ``sum_{i in A} y_i = sum_{i in A} q_i`` (mod ``2^32``), which is the int32 sum itself while
+  ``|A| B < 2^31`` (:func:`unmask`).
+* **Dropout**: if a client ``u`` of ``A`` does not answer, each surviving client ``j`` reveals
+  ``t_ju`` of that round and chain (one more exchange, only in such rounds), and the server
+  removes ``u``'s masks from the survivors' sum. A revealed seed opens that round and chain
+  only (SHA-256 is one-way): ``u`` stays protected in every other round, so no secret is shared
+  out (Bonawitz's Shamir shares of a long-term key) and none needs replacing.
+
+Every function here is pure, on bytes and NumPy arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+#: Bytes of a public key, a private key, a pair secret and a round seed.
+KEY_BYTES = 32
+
+
+def keypair() -> tuple[bytes, bytes]:
+    """A fresh X25519 key pair, ``(private, public)``, 32 raw bytes each."""
+    private = X25519PrivateKey.generate()
+    raw = serialization.Encoding.Raw
+    return (private.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()),
+            private.public_key().public_bytes(raw, serialization.PublicFormat.Raw))
+
+
+def pair_secret(private: bytes, own: int, peer: int, peer_public: bytes, context: bytes) -> bytes:
+    """The secret client ``own`` shares with client ``peer`` (the same bytes on both sides)."""
+    shared = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
+    lo, hi = sorted((int(own), int(peer)))
+    info = b"fedmcmc-secagg|" + context + struct.pack("<II", lo, hi)
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(shared)
+
+
+def round_seed(secret: bytes, k: int, chain: int) -> bytes:
+    """The pair's seed of round ``k`` and chain ``chain`` (what a survivor reveals for a dropout)."""
+    return hashlib.sha256(secret + struct.pack("<QI", int(k), int(chain))).digest()
+
+
+def mask(seed: bytes, size: int) -> np.ndarray:
+    """``size`` uint32 words from a seed (SHAKE-256, little-endian)."""
+    return np.frombuffer(hashlib.shake_256(seed).digest(4 * size), "<u4").astype(np.uint32)
+
+
+def _sign(i: int, j: int) -> int:
+    return 1 if j > i else -1
+
+
+def masked(values: np.ndarray, own: int, active, seeds: dict[int, bytes]) -> np.ndarray:
+    """Client ``own``'s upload ``y = q + sum_j sign(j - own) m_own,j (mod 2^32)`` (uint32).
+
+    Parameters
+    ----------
+    values
+        int32 ``q`` (any shape; flattened).
+    own
+        The client's index.
+    active
+        The chain's active clients (``own`` among them).
+    seeds
+        ``{j: t_own,j}`` of this round and chain for every other active ``j``.
+    """
+    y = np.asarray(values, np.int32).reshape(-1).view(np.uint32).copy()
+    for j in active:
+        if j != own:
+            m = mask(seeds[j], y.size)
+            y = y + m if _sign(own, j) > 0 else y - m
+    return y
+
+
+def unmask(uploads: dict[int, np.ndarray], dropped, revealed: dict[tuple[int, int], bytes]) -> np.ndarray:
+    """``sum_{j in survivors} q_j`` (int32) from the survivors' uploads ``{j: y_j}`` and, for every
+    survivor ``j`` and dropped client ``u``, the revealed seed ``revealed[(j, u)] = t_ju``.
+
+    Raises
+    ------
+    KeyError
+        A survivor's seed with a dropped client is missing.
+    """
+    total = np.zeros_like(next(iter(uploads.values())), dtype=np.uint32)
+    for y in uploads.values():
+        total = total + np.asarray(y, np.uint32)
+    for j in uploads:
+        for u in dropped:
+            m = mask(revealed[(j, u)], total.size)
+            total = total - m if _sign(j, u) > 0 else total + m
+    return total.view(np.int32)

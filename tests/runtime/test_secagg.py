@@ -1,0 +1,126 @@
+"""Secure aggregation (docs/privacy.md, "Secure aggregation"): the masking protocol with a dropout,
+the fixed-point grid it sums, and a secure run's samples equal to the plain run's (the loopback
+deployment: tests/runtime/test_flower_deploy.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedmcmc.app import config
+from fedmcmc.app.bench.secagg import protocol_seconds
+from fedmcmc.compression import FixedPointMessage, decode, encode, resolve_compressor
+from fedmcmc.runtime.flower import secagg
+from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+
+from test_flower import QLSD_PP, reference
+
+#: QLSD++ of test_flower.py with its uploads on the grid 2^-16 Z (one p for all clients).
+GRID = "{ bits = 4, fixed_point = { fraction_bits = 16, max_abs = 1000.0 } }"
+QLSD_PP_GRID = QLSD_PP.replace("{ bits = 4 }", GRID)
+
+
+def test_masks_cancel_and_a_dropout_is_unmasked_with_the_survivors_seeds():
+    """Four clients; the pair secrets agree on both sides; each masked upload looks nothing like
+    its integers; the survivors' sum is unmasked exactly after client 2 drops out, with only the
+    seeds of this round and chain revealed (another round's seed differs)."""
+    n, d, k, chain, context = 4, 1000, 7, 1, b"run"
+    keys = [secagg.keypair() for _ in range(n)]
+    secret = {(i, j): secagg.pair_secret(keys[i][0], i, j, keys[j][1], context)
+              for i in range(n) for j in range(n) if i != j}
+    assert all(secret[(i, j)] == secret[(j, i)] for i, j in secret)
+    rng = np.random.default_rng(0)
+    q = rng.integers(-2 ** 20, 2 ** 20, size=(n, d)).astype(np.int32)
+    active = list(range(n))
+    seeds = {i: {j: secagg.round_seed(secret[(i, j)], k, chain) for j in active if j != i} for i in active}
+    y = {i: secagg.masked(q[i], i, active, seeds[i]) for i in active}
+    assert all(np.mean(y[i].view(np.int32) == q[i]) < 0.01 for i in active)  # masked
+    np.testing.assert_array_equal(secagg.unmask(y, [], {}), q.sum(axis=0))  # masks cancel
+    survivors = {i: y[i] for i in active if i != 2}
+    revealed = {(j, 2): seeds[j][2] for j in survivors}
+    np.testing.assert_array_equal(secagg.unmask(survivors, [2], revealed), q[[0, 1, 3]].sum(axis=0))
+    assert secagg.round_seed(secret[(0, 2)], k + 1, chain) != revealed[(0, 2)]
+    with pytest.raises(KeyError):
+        secagg.unmask(survivors, [2], {})
+    assert set(protocol_seconds(3, 10, repeats=1)) == {"clients_masking", "server_unmasking",
+                                                       "server_unmasking_one_dropout"}  # the bench runs
+    # sums beyond the int32 range wrap alike in the protocol and in the sampler's int32 sum
+    big = np.full((2, 3), 2 ** 30 + 5, np.int32)
+    pair = {0: {1: seeds[0][1]}, 1: {0: seeds[1][0]}}
+    wrapped = secagg.unmask({i: secagg.masked(big[i], i, [0, 1], pair[i]) for i in (0, 1)}, [], {})
+    np.testing.assert_array_equal(wrapped, np.asarray(jnp.sum(jnp.asarray(big), axis=0, dtype=jnp.int32)))
+
+
+def test_fixed_point_sums_integers_travels_as_its_inner_message_and_refuses_unequal_weights():
+    comp = resolve_compressor({"bits": 4, "fixed_point": {"fraction_bits": 16, "max_abs": 2.0}})
+    v = jnp.array([0.3, -1.7, 5.0, 0.0])
+    msg, _, info = comp.apply(jax.random.PRNGKey(0), v, comp.init(v, 0))
+    assert int(jnp.max(jnp.abs(msg.value))) <= 2 * 2 ** 16  # clipped to max_abs
+    np.testing.assert_array_equal(comp.decode(msg), np.asarray(msg.value, np.float32) / 2 ** 16)
+    wire = encode(msg)
+    assert wire.codec == "qsgd/16" and wire.bits == int(info.bits)  # the grid costs no bit
+    back = decode(wire.codec, wire.data, jax.eval_shape(lambda: msg)).message
+    assert isinstance(back, FixedPointMessage) and not back.value.any()  # the receiver recomputes q
+    stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), back, back, back)
+    total = comp.aggregate(jnp.array([0.5, 0.0, 0.5]), stacked)
+    np.testing.assert_array_equal(total, 0.5 * (2 * np.asarray(msg.value, np.float32) / 2 ** 16))
+    with pytest.raises(ValueError, match="does not travel"):
+        encode(msg._replace(offset=msg.value))
+    with pytest.raises(ValueError, match="fraction_bits"):
+        resolve_compressor({"levels": 4, "fixed_point": {"fraction_bits": 40, "max_abs": 1.0}})
+    text = QLSD_PP_GRID.replace("p = 0.7,", "p = [0.7, 0.8, 0.9],")
+    with pytest.raises(ValueError, match="participation weight must be the same for every client"):
+        config.from_text(text)
+
+
+def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
+    """In process (LocalTransport): client 1 fails in round 2; the survivors reveal their seeds with
+    it, and the secure run's samples, its server killed in round 3 and resumed from round 2 (the
+    clients' keys lost and exchanged again), equal the plain run's bit for bit; without the failure the plain
+    run is the simulator's, so the grid is the same chain in every runtime. A malformed masked
+    upload for one chain drops that client from that chain only (its seeds revealed there)."""
+    class Crash(RuntimeError):
+        pass
+
+    def drop(kind, k, i, reply):
+        return None if (kind == "round" and k == 2 and i == 1) else reply
+
+    def crash(kind, k, i, reply):  # the secure server is killed in round 3, then resumed
+        if kind == "round" and k == 3:
+            raise Crash("server killed")
+        return drop(kind, k, i, reply)
+
+    text = QLSD_PP_GRID.replace("num_iterations = 6", "num_iterations = 4").replace("chunk_size = 4", "chunk_size = 2")
+    runs = {}
+    for secure, faults in ((False, None), (False, drop), (True, crash)):
+        t = text + ("\n[flower]\nsecure_aggregation = true\n" if secure else "")
+        folder, transport = tmp_path / f"{secure}{faults is None}", LocalTransport(t, 3, config.from_text, faults)
+        if secure:
+            with pytest.raises(Crash):
+                ServerRuntime(t, folder, config.from_text).run(transport)
+            transport.faults, transport.stores = drop, {i: {} for i in range(3)}  # new Context.state: new keys
+        server = ServerRuntime(t, folder, config.from_text, resume=secure)
+        runs[secure, faults is None] = server.run(transport).samples
+        stats = server.stats
+    np.testing.assert_array_equal(runs[False, True], reference(text).samples)
+    np.testing.assert_array_equal(runs[True, False], runs[False, False])
+    assert not np.array_equal(runs[False, False], runs[False, True])  # the dropout mattered
+    assert stats["missing_replies"] == 1 and stats["secagg_recoveries"] >= 1  # round 2, after the resume
+    assert stats["secagg_bits_down"] > 0 and stats["rejected_uploads"] == 0
+
+    def garble(kind, k, i, reply):  # client 2's upload for chain 0 of round 1 only
+        if kind == "round" and k == 1 and i == 2 and "masked/0" in reply:
+            reply["masked/0"] = [reply["masked/0"][0].astype(np.int64)]
+        return reply
+
+    t = text + "\n[flower]\nsecure_aggregation = true\n"
+    server = ServerRuntime(t, tmp_path / "garbled", config.from_text)
+    res = server.run(LocalTransport(t, 3, config.from_text, faults=garble))
+    assert server.stats["rejected_uploads"] == 1 and server.stats["secagg_recoveries"] == 1
+    assert np.isfinite(res.samples).all() and not np.array_equal(res.samples, runs[False, True])
+    with pytest.raises(ValueError, match="secure_aggregation needs uploads on a fixed-point grid"):
+        ServerRuntime(QLSD_PP + "\n[flower]\nsecure_aggregation = true\n", tmp_path / "no", config.from_text)
+    with pytest.raises(ValueError, match="secure_aggregation must be true or false"):
+        ServerRuntime(text + "\n[flower]\nsecure_aggregation = 1\n", tmp_path / "no", config.from_text)
