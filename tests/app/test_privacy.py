@@ -33,7 +33,10 @@ num_iterations = 60
 
 def write(tmp_path, privacy, sampler="qlsd#"):
     path = tmp_path / "run.toml"
-    path.write_text(CONFIG.format(privacy=privacy, sampler=sampler))
+    text = CONFIG.format(privacy=privacy, sampler=sampler.split()[0])
+    if sampler.endswith("fixed"):  # uploads on secure aggregation's integer grid
+        text = text.replace("{ bits = 4 }", "{ bits = 4, fixed_point = { fraction_bits = 16, max_abs = 1000.0 } }")
+    path.write_text(text)
     return path
 
 
@@ -66,6 +69,7 @@ def run_fails(capsys, tmp_path, privacy, *fragments, sampler="qlsd#"):
     ("epsilon = 2.0", "qlsd#", ("[privacy] needs delta in (0, 1)",)),
     ("delta = 1e-5\nclip = -1", "qlsd#", ("[privacy] clip must be a finite number > 0",)),
     ("delta = 1e-5\nsigma = 1", "qlsd#", ("unknown key(s) ['sigma'] in [privacy]",)),
+    ("delta = 1e-5\nclip = 1.0", "qlsd# fixed", ("cannot yet bound uploads on a fixed_point grid",)),
 ])
 def test_refusals_are_one_line_exit_2_nothing_written(tmp_path, capsys, privacy, sampler, fragments):
     run_fails(capsys, tmp_path, privacy, *fragments, sampler=sampler)
