@@ -43,15 +43,16 @@ import numpy as np
 
 from fedmcmc.core import checks
 from fedmcmc.estimators import gradients, surrogates
-from fedmcmc.app import inputs, problems
+from fedmcmc.app import inputs, privacy, problems
 from fedmcmc.app.inputs import model_from_config
 from fedmcmc.compression import resolve_compressor
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices"}
-#: Optional sections: settings of the Flower runtime (docs/flower.md), ignored by ``fedmcmc run``.
-_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact", "poll_interval", "hold", "secure_aggregation"}}
+#: Optional sections: the Flower runtime's (docs/flower.md; ignored by ``fedmcmc run``), privacy (app/privacy.py).
+_OPTIONAL = {"flower": {"round_timeout", "max_upload_norm", "exact", "poll_interval", "hold", "secure_aggregation"},
+             "privacy": privacy.KEYS}
 
 
 class ConfigError(ValueError):
@@ -63,23 +64,18 @@ class Built(NamedTuple):
 
     Attributes
     ----------
-    data
-        The clients' training data (pooled into one client for a pooled sampler).
-    model
-        The model (``[problem]``'s, or ``[model]`` built for the data).
-    exact
-        The exact posterior of a ``[problem]``; None for ``[data]``.
-    sampler
-        The registered sampler built from ``[sampler]``.
-    mode
-        The federated mode QLSD* uses (``gradients.ModeResult``), else None.
-    tests
-        Each client's held-out ``(x, y)``, or None (a ``[problem]``, or ``test_fraction = 0``).
-    inputs
-        What the data were (:class:`fedmcmc.app.inputs.Inputs`); None for a ``[problem]``.
-    step
+    data, model, exact
+        The clients' training data (pooled into one client for a pooled sampler), the model
+        (``[problem]``'s, or ``[model]`` built for the data), a ``[problem]``'s exact posterior (or None).
+    sampler, mode
+        The registered sampler built from ``[sampler]``; the federated mode QLSD* uses, else None.
+    tests, inputs
+        Each client's held-out ``(x, y)``, or None (a ``[problem]``, or ``test_fraction = 0``); what
+        the data were (:class:`fedmcmc.app.inputs.Inputs`), None for a ``[problem]``.
+    step, privacy
         How the step size was set: ``{"value": ..., "rule": "given"}``, or with ``step_size = "auto"``
-        the record of :func:`fedmcmc.app.step.auto_step` (value, rule, curvature, rounds, bits).
+        the record of :func:`fedmcmc.app.step.auto_step` (value, rule, curvature, rounds, bits); with
+        ``[privacy]``, the bounds and the (epsilon, delta) the run meets (:func:`fedmcmc.app.privacy.settle`).
     """
 
     data: Any
@@ -90,6 +86,7 @@ class Built(NamedTuple):
     tests: tuple | None
     inputs: inputs.Inputs | None
     step: dict
+    privacy: dict | None = None
 
 
 class _Run(NamedTuple):
@@ -326,8 +323,10 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Buil
         param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
         args[param], step = auto.auto_step(cfg["run"].get("seed", 0), name, args, model, data, args.get("mode"))
     entry = REGISTRY[name]
+    args, record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError)
     sampler = entry.build(**args)
-    return Built(data.pooled() if entry.pooled else data, model, exact, sampler, args.get("mode"), tests, info, step)
+    return Built(data.pooled() if entry.pooled else data, model, exact, sampler, args.get("mode"), tests, info, step,
+                 record)
 
 
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
@@ -385,6 +384,7 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
         "setup_bits_per_chain": float(res.setup_bits_up.mean() + res.setup_bits_down.mean()),
         "diagnostics": diagnostics.summary(res.samples),
         "step": built.step,
+        "privacy": built.privacy,
         "theta_star": None if built.mode is None else {"rounds": built.mode.rounds, "bits": built.mode.bits},
         "sampler_seconds": res.wall_seconds,
         "wall_seconds": time.perf_counter() - started,
@@ -393,7 +393,7 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     out = Path(out)
     io.write_json(out / "results.json", payload)
     if built.inputs is None:
-        io.write_posterior(out / "posterior.nc", {built.sampler.name: res}, attrs={"config": cfg})
+        io.write_posterior(out / "posterior.nc", {built.sampler.name: res}, attrs={"config": cfg, **privacy.attrs(built.privacy)})
         outputs.plot_against_exact(out / "trace.png", res.samples, exact)
     else:
         payload["summary"] = outputs.write_run(out, cfg, built, res)

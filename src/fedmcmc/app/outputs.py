@@ -31,6 +31,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from fedmcmc.app import privacy
 from fedmcmc.core import figures
 from fedmcmc.evaluation import calibration, diagnostics, regression, report
 from fedmcmc.evaluation.predict import pointwise_log_likelihood, predict_bma
@@ -140,7 +141,8 @@ def write_run(out, cfg: dict, built, result: SimulationResult, echo: Callable[[s
     inputs, step = built.inputs, built.step.get("value")
     return write_outputs(out, result, built.model, label=built.sampler.name, tests=built.tests, task=inputs.task,
                          feature_names=inputs.feature_names, step_size=step if np.ndim(step) == 0 else None, echo=echo,
-                         settings={"config": cfg, "inputs": inputs._asdict(), "step": built.step})
+                         settings={"config": cfg, "inputs": inputs._asdict(), "step": built.step,
+                                   **privacy.attrs(built.privacy)})
 
 
 def _stderr(line: str) -> None:

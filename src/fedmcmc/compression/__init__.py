@@ -9,6 +9,8 @@ Compressors (:class:`~fedmcmc.core.base.Compressor`; each owns its message)
   :func:`qsgd_bits_bound` the QSGD paper's bound on its message length.
 * :func:`with_memory` -- error-feedback memory around any compressor (QLSD++): it sends the
   inner message for ``v - eta_i`` and keeps ``eta_i`` in its state.
+* :func:`clipped` -- norm clipping of the decoded upload (privacy): the inner message, rescaled
+  so that what the server decodes has norm at most ``bound``.
 * :func:`fixed_point` -- puts any compressor's decoded messages on a shared fixed-point grid,
   so that the server sums integers (exactly; what secure aggregation needs);
   :func:`weighted_sum` is how a server sums a compressor's messages.
@@ -31,6 +33,7 @@ same name as attributes of this package; import submodule contents with
 """
 
 from fedmcmc.compression._spec import resolve_compressor
+from fedmcmc.compression.clipping import clipped
 from fedmcmc.compression.codec import Decoded, Encoded, decode, encode, is_message, message_bits
 from fedmcmc.compression.fixed_point import FixedPointMessage, fixed_point, weighted_sum
 from fedmcmc.compression.identity import identity
@@ -47,6 +50,7 @@ __all__ = [
     "identity",
     "quantization",
     "with_memory",
+    "clipped",
     "fixed_point",
     "FixedPointMessage",
     "weighted_sum",

@@ -2,6 +2,7 @@
 
 from fedmcmc.models.gaussian import (GaussianPosterior, gaussian_factors, gaussian_factors_posterior,
                                      gaussian_mean, gaussian_mean_posterior)
+from fedmcmc.models.clipped import clipped_gradients
 from fedmcmc.models.intercept import with_intercept
 from fedmcmc.models.layout import ParamLayout, initial_position
 from fedmcmc.models.lenet import lenet5, lenet5_layout
@@ -15,4 +16,5 @@ __all__ = ["GaussianPosterior", "gaussian_mean", "gaussian_mean_posterior", "gau
            "gaussian_factors_posterior", "logistic_regression", "linear_regression",
            "linear_regression_posterior", "LinearPosterior", "multinomial_logistic_regression",
            "multinomial_layout", "mlp", "mlp_layout", "lenet5", "lenet5_layout", "tempered", "with_intercept",
+           "clipped_gradients",
            "ParamLayout", "initial_position"]

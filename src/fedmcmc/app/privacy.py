@@ -1,0 +1,169 @@
+"""``[privacy]`` in a run config: clipping, the (epsilon, delta) a run meets, and budgets.
+
+::
+
+    [privacy]
+    delta = 1e-5          # required
+    epsilon = 2.0         # a budget (optional): the run meets it at `level`, or is refused
+    level = "client"      # or "record": the unit the budget protects
+    clip = 50.0           # C, a client's decoded upload norm (fedmcmc.compression.clipped)
+    record_clip = 5.0     # C_r, one record's gradient norm (fedmcmc.models.clipped_gradients)
+    accountant = "rdp"    # or "pld"
+
+With a budget and no bound for its level (``clip`` for clients, ``record_clip`` for records),
+the largest bound that meets the budget is chosen; with a bound that misses the budget the run
+is refused, naming the bound and the number of rounds that would meet it. The run's results
+record ``privacy``: the bounds, the rounds and both levels' (epsilon, delta), or why a level
+has none (:func:`fedmcmc.privacy.account`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedmcmc.compression import clipped, identity
+from fedmcmc.models import clipped_gradients
+
+# fedmcmc.privacy (dp-accounting, scipy.signal: seconds of imports) is imported by the functions that
+# account, so that a run without [privacy] and a Flower node do not pay for it
+
+__all__ = ["KEYS", "settle", "attrs"]
+
+#: Released quantities that depend on the data and that the accountant does not cover (docs/privacy.md).
+_UNCOVERED = ["sample_stats bits_up, bits_down and active_clients", "the data's scaling and split",
+              "what the server sees of each upload"]
+KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant"}
+
+
+def _positive(section: dict, key: str, error) -> float | None:
+    value = section.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 < value < math.inf):
+        raise error(f"[privacy] {key} must be a finite number > 0 (got {value!r})")
+    return None if value is None else float(value)
+
+
+def _checked(section: dict, error) -> dict:
+    from fedmcmc.privacy import ACCOUNTANTS, LEVELS
+    p = {key: _positive(section, key, error) for key in ("epsilon", "delta", "clip", "record_clip")}
+    if p["delta"] is None or not p["delta"] < 1:
+        raise error("[privacy] needs delta in (0, 1), e.g. delta = 1e-5 (well below 1 / number of units)")
+    p["level"], p["accountant"] = section.get("level", "client"), section.get("accountant", "rdp")
+    if p["level"] not in LEVELS:
+        raise error(f"[privacy] level must be one of {LEVELS} (got {p['level']!r})")
+    if p["accountant"] not in ACCOUNTANTS:
+        raise error(f"[privacy] accountant must be one of {ACCOUNTANTS} (got {p['accountant']!r})")
+    return p
+
+
+def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict):
+    from fedmcmc.privacy import Setting
+    scheme = args.get("participation")
+    probs = 1.0 if scheme is None else scheme.probs
+    scaling = ("full" if scheme is None or scheme.name == "full" else
+               "active" if scheme.pause_when_empty else "inverse_probability")
+    counts = np.asarray(data.counts, int)
+    batch = args.get("batch_size")
+    compressor = args.get("compressor")
+    step = np.asarray(args.get("step_size", args.get("learning_rate", np.nan)), float)
+    return Setting(float(np.max(step)), int(rounds), p["clip"], p["record_clip"],
+                   (int(counts.sum()),) if pooled else tuple(counts.tolist()),
+                   None if batch is None else tuple(np.atleast_1d(batch).tolist()),
+                   tuple(np.atleast_1d(probs).tolist()), scaling,
+                   compressor is not None and compressor.name != "identity",
+                   {key: args[key] for key in ("weights", "correlation", "local_steps", "debiased", "probs")
+                    if key in args})  # a key not set keeps the builder's default, the mapping's too
+
+
+def _largest(ok, low: float, high: float, integer: bool = False, rtol: float = 1e-4):
+    """The largest value in ``[low, high]`` with ``ok`` (monotone: true below, false above), to a
+    relative ``rtol`` (exact for integers), or None."""
+    if not ok(low):
+        return None
+    if ok(high):
+        return high
+    while high > low * (1 + rtol):
+        mid = (low + high) // 2 if integer else math.sqrt(low * high)
+        if mid in (low, high):
+            break
+        low, high = (mid, high) if ok(mid) else (low, mid)
+    return low
+
+
+def _meets(name: str, s, p: dict):
+    from fedmcmc.privacy.mechanisms import MAPPINGS, level_epsilon
+
+    def ok(setting) -> bool:
+        bounds = MAPPINGS[name](setting)[p["level"]]
+        return level_epsilon(bounds, p["delta"], p["accountant"]) <= p["epsilon"]
+    return ok
+
+
+def _budget(name: str, s, p: dict, error):
+    """The setting that meets the budget: the level's bound chosen if it is not set, else checked."""
+    from fedmcmc.privacy.mechanisms import MAPPINGS, account, knob as knob_of
+    level = p["level"]
+    knob, ok = knob_of(name, level), _meets(name, s, p)
+    if getattr(s, knob) is None:
+        try:
+            if ok(s):  # met by the level's other bound (a replaced record moves one clipped upload)
+                return s
+        except ValueError:
+            pass
+        probe = MAPPINGS[name](s._replace(**{knob: 1.0}))[level]
+        if isinstance(probe[0], str):
+            raise error(f"[privacy] epsilon for {name} at level {level!r}: {probe[0]}")
+        bound = _largest(lambda c: ok(s._replace(**{knob: c})), 1e-6, 1e6)
+        if bound is None:
+            raise error(f"[privacy] epsilon = {p['epsilon']:g} cannot be met by any {knob} for {name}; "
+                        "raise epsilon or lower [run] num_iterations")
+        return s._replace(**{knob: bound})
+    try:
+        if ok(s):
+            return s
+    except ValueError as err:
+        raise error(f"[privacy] epsilon for {name} at level {level!r}: {err}") from None
+    bound = _largest(lambda c: ok(s._replace(**{knob: c})), 1e-6, getattr(s, knob))
+    rounds = _largest(lambda t: ok(s._replace(rounds=t)), 1, s.rounds, integer=True)
+    fixes = [f"[privacy] {knob} <= {bound:.4g}" if bound else None,
+             f"[run] num_iterations <= {rounds}" if rounds else None]
+    eps = account(name, s, p["delta"], p["accountant"])[level]["epsilon"]
+    fix = " or ".join(f for f in fixes if f) or "raise epsilon (no bound or number of rounds meets it)"
+    raise error(f"[privacy] the run's {level}-level epsilon is {eps:.4g} > epsilon = {p['epsilon']:g}; set {fix}")
+
+
+def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueError) -> tuple[dict, dict | None]:
+    """Apply ``cfg``'s ``[privacy]`` to a run's builder arguments: choose or check the bounds
+    against the budget, clip the model's record gradients (``record_clip``) and the uploads
+    (``clip``), and account the run. Returns the arguments and the record for its results
+    (None without ``[privacy]``); ``error`` is raised with one line naming the problem and the fix."""
+    if "privacy" not in cfg:
+        return args, None
+    from fedmcmc.privacy import MAPPINGS, account
+    p = _checked(cfg["privacy"], error)
+    if name not in MAPPINGS:
+        raise error(f"[privacy] has no mapping for sampler {name}")
+    s = _setting(name, args, data, pooled, cfg["run"]["num_iterations"], p)
+    if p["epsilon"] is not None:
+        s = _budget(name, s, p, error)
+    args = dict(args)
+    if s.record_clip is not None:
+        args["model"] = clipped_gradients(args["model"], s.record_clip)
+    if s.clip is not None and "compressor" in args:
+        if getattr(args["compressor"], "aggregate", None) is not None:
+            raise error("[privacy] clip cannot yet bound uploads on a fixed_point grid (its rounding can lengthen a "
+                        "clipped upload); drop compression's fixed_point, or clip records with record_clip")
+        args["compressor"] = clipped(args["compressor"] or identity(), s.clip)
+    levels = account(name, s, p["delta"], p["accountant"])
+    uncovered = _UNCOVERED + (["step_size = \"auto\" (the curvature at the mode)"]
+                              if cfg["sampler"].get("step_size") == "auto" else [])
+    budget = None if p["epsilon"] is None else {"epsilon": p["epsilon"], "level": p["level"]}
+    return args, {"clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "accountant": p["accountant"],
+                  "budget": budget, **levels, "not_covered": uncovered}
+
+
+def attrs(record: dict | None) -> dict:
+    """``{"privacy": record}`` for a run's settings, nothing without ``[privacy]``."""
+    return {} if record is None else {"privacy": record}

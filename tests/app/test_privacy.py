@@ -1,0 +1,90 @@
+"""``[privacy]`` through the command line: a budget picks the clipping bound and the run records
+the (epsilon, delta) it met; a bound that misses the budget, a sampler without a bound and bad
+keys are refused in one line with exit code 2, and nothing is written."""
+
+import json
+
+import h5netcdf
+import pytest
+
+from fedmcmc.app.cli import main
+
+CONFIG = """
+[problem]
+name = "heterogeneous-gaussian"
+num_clients = 4
+dim = 3
+
+[sampler]
+name = "{sampler}"
+step_size = 1e-3
+batch_size = 10
+compression = {{ bits = 4 }}
+
+[run]
+seed = 1
+num_chains = 2
+num_iterations = 60
+
+[privacy]
+{privacy}
+"""
+
+
+def write(tmp_path, privacy, sampler="qlsd#"):
+    path = tmp_path / "run.toml"
+    text = CONFIG.format(privacy=privacy, sampler=sampler.split()[0])
+    if sampler.endswith("fixed"):  # uploads on secure aggregation's integer grid
+        text = text.replace("{ bits = 4 }", "{ bits = 4, fixed_point = { fraction_bits = 16, max_abs = 1000.0 } }")
+    path.write_text(text)
+    return path
+
+
+def test_a_budget_picks_the_clip_and_the_run_records_what_it_met(tmp_path):
+    path = write(tmp_path, "delta = 1e-5\nepsilon = 2.0")
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-progress", "--workers", "1"]) == 0
+    record = json.loads((tmp_path / "out" / "results.json").read_text())["privacy"]
+    assert record["budget"] == {"epsilon": 2.0, "level": "client"} and record["rounds"] == 60
+    assert 1.99 < record["client"]["epsilon"] <= 2.0 and record["client"]["delta"] == 1e-5
+    assert record["clip"] > 0 and record["record"]["epsilon"] > record["client"]["epsilon"]  # replace vs add/remove
+    with h5netcdf.File(tmp_path / "out" / "posterior.nc", "r") as f:  # ArviZ's attributes carry it too
+        assert json.loads(f.attrs["privacy"])["clip"] == record["clip"]
+
+
+def run_fails(capsys, tmp_path, privacy, *fragments, sampler="qlsd#"):
+    out = tmp_path / "out"
+    assert main(["run", str(write(tmp_path, privacy, sampler)), "--out", str(out), "--no-progress"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedmcmc: error:"), lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("privacy,sampler,fragments", [
+    ("delta = 1e-5\nepsilon = 2.0\nclip = 5.0", "qlsd#",
+     ("client-level epsilon is", "> epsilon = 2; set [privacy] clip <= ", "or [run] num_iterations <= ")),
+    ("delta = 1e-5\nepsilon = 2.0", "qlsd++", ("epsilon for qlsd++ at level 'client'", "memory terms")),
+    ("delta = 1e-5\nepsilon = 2.0\nlevel = \"record\"", "qlsd#", ("record_clip (uncompressed uploads) or clip",)),
+    ("epsilon = 2.0", "qlsd#", ("[privacy] needs delta in (0, 1)",)),
+    ("delta = 1e-5\nclip = -1", "qlsd#", ("[privacy] clip must be a finite number > 0",)),
+    ("delta = 1e-5\nsigma = 1", "qlsd#", ("unknown key(s) ['sigma'] in [privacy]",)),
+    ("delta = 1e-5\nclip = 1.0", "qlsd# fixed", ("cannot yet bound uploads on a fixed_point grid",)),
+])
+def test_refusals_are_one_line_exit_2_nothing_written(tmp_path, capsys, privacy, sampler, fragments):
+    run_fails(capsys, tmp_path, privacy, *fragments, sampler=sampler)
+
+
+@pytest.mark.parametrize("sampler,privacy,level", [
+    ('name = "fa-ld"\nstep_size = 1e-3\nlocal_steps = 1', "delta = 1e-5\nepsilon = 5.0", "client"),
+    ('name = "dsgld"\nstep_size = 1e-3\nlocal_steps = 5\nbatch_size = 10', "delta = 1e-5\nepsilon = 5.0",
+     "client"),  # a replaced shard: its record_clip is chosen
+])
+def test_fa_ld_and_dsgld_meet_a_budget_with_their_builders_defaults(sampler, privacy, level):
+    from fedmcmc.app import config
+
+    text = CONFIG.replace('name = "{sampler}"\nstep_size = 1e-3\nbatch_size = 10\ncompression = {{ bits = 4 }}',
+                          sampler).format(privacy=privacy)
+    _, built = config.from_text(text)
+    assert 4.99 < built.privacy[level]["epsilon"] <= 5.0
+    assert built.privacy["record_clip" if "dsgld" in sampler else "clip"] is not None
