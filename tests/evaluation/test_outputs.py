@@ -62,7 +62,7 @@ def written(breast_cancer, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     inputs = Inputs("classification", [f"f{i}" for i in range(30)], [])
     built = SimpleNamespace(model=model, sampler=SimpleNamespace(name="qlsd++"), tests=tests, inputs=inputs,
-                            step={"value": 0.01, "rule": "given"})
+                            step={"value": 0.01, "rule": "given"}, privacy=None)
     lines = []
     summary = write_run(out, {"sampler": {"step_size": 0.01}}, built, result_of(draws), echo=lines.append)
     return out, summary, lines
