@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.core.checks import check_schedule
-from fedmcmc.core.base import CLIENT_AXES, FederatedSampler
+from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
 from fedmcmc.runtime import cpu, devices as placement, round as rnd
 from fedmcmc.runtime.records import (SimulationResult, assemble, check_finite, fingerprint,
@@ -69,7 +69,7 @@ _BUILT: "OrderedDict[tuple, tuple]" = OrderedDict()
 def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, devices: tuple | None):
     """Compiled init and chunk functions (chains spread over ``devices`` if given), cached so repeated
     runs of the same sampler on the same data (chunks, resumes, benchmarks) do not compile again."""
-    key = (sampler, id(data.x), id(data.counts), data.groups, statistic, devices)
+    key = (sampler, id(data.x), id(data.counts), statistic, devices)
     if key in _BUILT:
         _BUILT.move_to_end(key)
         return _BUILT[key][1]
@@ -90,8 +90,8 @@ def _active_clients_round(sampler: FederatedSampler, chain_key, k, carry: _Carry
     scatter = partial(jax.tree_util.tree_map,
                       lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"))
     keys = take(rnd.client_keys(chain_key, k, ids))
-    new_cs, sub_up, sub_info = jax.vmap(sampler.client_step, (0, 0, None, CLIENT_AXES, None))(
-        keys, take(carry.client_states), carry.broadcast, clients.take(jnp.minimum(idx, b - 1)), k)
+    new_cs, sub_up, sub_info = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
+        keys, take(carry.client_states), carry.broadcast, take(clients), k)
     client_states = jax.tree_util.tree_map(lambda a, n: a.at[idx].set(n, mode="drop"), carry.client_states, new_cs)
     return client_states, scatter(sub_up), scatter(sub_info)
 
