@@ -144,7 +144,10 @@ def test_deployment_with_tls_and_auth_same_samples_faults(deployment, tmp_path):
     # secure aggregation (full participation, uploads on a fixed-point grid): node 0 still fails
     # round 1, so the survivors reveal their seeds with it; the samples are those of the plain
     # run with the same failure, bit for bit (in process; tests/runtime/test_secagg.py)
-    text = text.replace("num_iterations = 4", "num_iterations = 2").replace("{ bits = 4 }", GRID)
+    # (round_timeout as in the first run: a node's first answer compiles its programs, which under
+    # load took longer than the faults run's 30 s; an injected failure is an error reply, not a wait)
+    text = text.replace("num_iterations = 4", "num_iterations = 2").replace("{ bits = 4 }", GRID).replace(
+        "round_timeout = 30", "round_timeout = 600")
     plain = ServerRuntime(text, tmp_path / "plain", config.from_text).run(LocalTransport(
         text, 3, config.from_text, faults=lambda kind, k, i, reply: None if (kind, k, i) == ("round", 1, 0) else reply))
     path = tmp_path / "secure.toml"
