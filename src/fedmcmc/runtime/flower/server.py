@@ -253,13 +253,19 @@ class ServerRuntime:
         counts = np.stack([bits.sum(axis=1), n_active * np.asarray(info.broadcast_bits, np.int64), n_active])
         return server_state, broadcast, accepted, counts
 
+    def _reply(self, replies, k, i):
+        """Client ``i``'s reply in round ``k``, or None (counted and logged: inactive this round)."""
+        reply = replies.get(i)
+        if reply is None:
+            self.stats["missing_replies"] += 1
+            log.warning("round %d: client %d failed or timed out; inactive this round", k, i)
+        return reply
+
     def _collect(self, transport, k, mask, messages, replies, uploads, effective, bits):
         """Decode and validate the replies into ``uploads`` (``[C, b]`` per leaf), ``effective`` and ``bits``."""
         for i in messages:
-            reply = replies.get(i)
+            reply = self._reply(replies, k, i)
             if reply is None:
-                self.stats["missing_replies"] += 1
-                log.warning("round %d: client %d failed or timed out; inactive this round", k, i)
                 continue
             try:
                 chains = list(reply["chains"])
@@ -302,10 +308,8 @@ class ServerRuntime:
         size = int(np.prod(self.up_parts[0].value.shape))
         got, asks = {}, {}
         for i in messages:
-            reply = replies.get(i)
+            reply = self._reply(replies, k, i)
             if reply is None:
-                self.stats["missing_replies"] += 1
-                log.warning("round %d: client %d failed or timed out; inactive this round", k, i)
                 continue
             for c in np.flatnonzero(mask[:, i]).tolist():  # chain by chain: a valid masked upload is
                 try:  # never followed by a request for its client's seeds
