@@ -17,6 +17,7 @@ messages.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
@@ -98,6 +99,22 @@ def client_round(sampler: FederatedSampler, chain_key, k, states, broadcast, cli
     step = jax.vmap(sampler.client_step, (0, 0, None, 0, None))
     new_states, uploads, infos = step(client_keys(chain_key, k, ids), states, broadcast, clients, k)
     return select(mask, new_states, states), uploads, infos
+
+
+def active_clients_round(sampler: FederatedSampler, chain_key, k, states, broadcast, clients, ids, mask,
+                         max_active: int) -> tuple[Any, Any, Any]:
+    """:func:`client_round` when at most ``max_active`` clients are active: only they compute, with
+    the keys, states and data of the dense path; index ``b`` marks an empty slot, read clamped and
+    written nowhere."""
+    b = ids.shape[0]
+    idx = jnp.nonzero(mask, size=max_active, fill_value=b)[0]
+    take = partial(jax.tree_util.tree_map, lambda a: a[jnp.minimum(idx, b - 1)])
+    scatter = partial(jax.tree_util.tree_map,
+                      lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"))
+    new, sub_up, sub_info = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
+        take(client_keys(chain_key, k, ids)), take(states), broadcast, take(clients), k)
+    states = jax.tree_util.tree_map(lambda a, n: a.at[idx].set(n, mode="drop"), states, new)
+    return states, scatter(sub_up), scatter(sub_info)
 
 
 def server_round(sampler: FederatedSampler, chain_key, k, server_state, uploads, mask, b: int):

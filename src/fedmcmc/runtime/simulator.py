@@ -19,7 +19,6 @@ import hashlib
 import os
 import time
 from collections import OrderedDict
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -80,22 +79,6 @@ def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable |
     return built
 
 
-def _active_clients_round(sampler: FederatedSampler, chain_key, k, carry: _Carry, clients, ids, mask, max_active: int):
-    """The clients' round when at most ``max_active`` clients are active: only they compute, with
-    the keys, states and data of the dense path (:func:`fedmcmc.runtime.round.client_round`);
-    index ``b`` marks an empty slot, read clamped and written nowhere."""
-    b = ids.shape[0]
-    idx = jnp.nonzero(mask, size=max_active, fill_value=b)[0]
-    take = partial(jax.tree_util.tree_map, lambda a: a[jnp.minimum(idx, b - 1)])
-    scatter = partial(jax.tree_util.tree_map,
-                      lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"))
-    keys = take(rnd.client_keys(chain_key, k, ids))
-    new_cs, sub_up, sub_info = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
-        keys, take(carry.client_states), carry.broadcast, take(clients), k)
-    client_states = jax.tree_util.tree_map(lambda a, n: a.at[idx].set(n, mode="drop"), carry.client_states, new_cs)
-    return client_states, scatter(sub_up), scatter(sub_info)
-
-
 def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None):
     clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
     b = data.num_clients
@@ -122,8 +105,8 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
             client_states, uploads, cinfo = rnd.client_round(sampler, chain_key, k, carry.client_states,
                                                              carry.broadcast, clients, ids, mask)
         else:
-            client_states, uploads, cinfo = _active_clients_round(sampler, chain_key, k, carry, clients, ids, mask,
-                                                                  max_active)
+            client_states, uploads, cinfo = rnd.active_clients_round(sampler, chain_key, k, carry.client_states,
+                                                                     carry.broadcast, clients, ids, mask, max_active)
         server_state, broadcast, sinfo = rnd.server_round(sampler, chain_key, k, carry.server_state, uploads, mask, b)
         n_active = jnp.sum(mask.astype(jnp.int32))
         bits_up = jnp.sum(jnp.where(mask, cinfo.bits, 0).astype(jnp.int32))
@@ -188,7 +171,6 @@ class Chains:
         theta0 = jnp.asarray(placement.pad(theta0, self.width), jnp.float32)
         with self._fitting():
             self.carry, (up, down) = self.init(self.keys, theta0)
-        self.fits = False  # not known before the first chunk has been traced
         n = len(chains)
         self.setup_bits = (np.asarray(up, np.int64)[:n].sum(axis=1), np.asarray(down, np.int64)[:n] * data.num_clients)
 
@@ -305,8 +287,7 @@ def _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinnin
 
 def _restore(chunk_dir: Path | None, resume: bool, run_fingerprint: str, blocks) -> tuple[int, float, list[dict]]:
     """Rounds done, wall time and chunks of the run in ``chunk_dir``, with the blocks' state restored
-    when resuming; otherwise nothing done (the folder's old files go when the first chunk is written,
-    so a run that fails before it leaves them)."""
+    when resuming; otherwise nothing done (old files go with the first chunk, :func:`_save`)."""
     done, wall, pieces = 0, 0.0, []
     if chunk_dir is None:
         return done, wall, pieces
@@ -324,6 +305,18 @@ def _restore(chunk_dir: Path | None, resume: bool, run_fingerprint: str, blocks)
                 pieces.append({name: z[name] for name in z.files})
     chunk_dir.mkdir(parents=True, exist_ok=True)
     return done, wall, pieces
+
+
+def _save(chunk_dir: Path, pieces: list[dict], blocks, run_fingerprint: str, done: int, wall: float, fresh: bool):
+    """Write the last chunk and the checkpoint (the blocks' state); a fresh run's first chunk
+    first removes the folder's old files, so a run that fails before it leaves them."""
+    if fresh and len(pieces) == 1:
+        for old in chunk_dir.iterdir():
+            old.unlink()
+    save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **pieces[-1])
+    leaves = [np.concatenate(x) for x in zip(*_each(blocks, "state", lambda block: ()))]
+    save_npz(chunk_dir / "state.npz", fingerprint=np.asarray(run_fingerprint), done=np.asarray(done),
+             wall=np.asarray(wall), num_chunks=np.asarray(len(pieces)), **{f"leaf{i}": x for i, x in enumerate(leaves)})
 
 
 def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, num_iterations: int, *,
@@ -394,14 +387,7 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
                                 done, length, thinning, burn_in))
             done += length
             if chunk_dir is not None:
-                if not resume and len(pieces) == 1:
-                    for old in chunk_dir.iterdir():
-                        old.unlink()
-                save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **pieces[-1])
-                leaves = [np.concatenate(x) for x in zip(*_each(blocks, "state", lambda block: ()))]
-                save_npz(chunk_dir / "state.npz", fingerprint=np.asarray(run_fingerprint), done=np.asarray(done),
-                          wall=np.asarray(wall), num_chunks=np.asarray(len(pieces)),
-                          **{f"leaf{i}": x for i, x in enumerate(leaves)})
+                _save(chunk_dir, pieces, blocks, run_fingerprint, done, wall, fresh=not resume)
             if bar is not None:
                 bar.update(length)
     finally:
