@@ -69,8 +69,9 @@ def jit(fun, **kwargs):
 
     The returned function compiles on its first call for each argument signature, with the
     YNNPACK option and under the unrolled threefry lowering, and afterwards only calls the
-    compiled program. Called inside another trace (``jax.eval_shape``, an outer ``jit``) it
-    is an ordinary nested ``jit``, since XLA options belong to a whole program.
+    compiled program; ``.lower(*args).compile()`` compiles for those arguments without running,
+    and later calls with them run that program. Called inside another trace (``jax.eval_shape``,
+    an outer ``jit``) it is an ordinary nested ``jit``, since XLA options belong to a whole program.
     """
     compiled = jax.jit(fun, compiler_options=COMPILER_OPTIONS, **kwargs)
     inner = jax.jit(fun, **kwargs)  # called inside another trace (eval_shape), where options cannot go
@@ -82,6 +83,11 @@ def jit(fun, **kwargs):
         with _unrolled_threefry():
             return compiled(*args, **kw)
 
+    def lower_call(*args, **kw):
+        with _unrolled_threefry():
+            return compiled.lower(*args, **kw)
+
+    call.lower = lower_call  # ``call.lower(*args).compile()``: compiled now, and later calls run it
     return call
 
 

@@ -166,25 +166,15 @@ class Chains:
         self.chains = chains
         self.init, self.chunk = _build(sampler, data, statistic, devices)
         self.width = placement.width(len(chains), devices)
-        self.keys = chain_keys(seed, np.arange(chains.start, chains.start + self.width))
+        self.keys, theta0 = _inputs(seed, chains, theta0, self.width)
         self.theta_shape = tuple(theta0.shape[1:])
-        theta0 = jnp.asarray(placement.pad(theta0, self.width), jnp.float32)
         with self._fitting():
             self.carry, (up, down) = self.init(self.keys, theta0)
         n = len(chains)
         self.setup_bits = (np.asarray(up, np.int64)[:n].sum(axis=1), np.asarray(down, np.int64)[:n] * data.num_clients)
 
-    @contextlib.contextmanager
     def _fitting(self):
-        """A shape error while the programs are first traced is theta0's: one line that says so.
-        (Traced by the calls themselves: a separate ``eval_shape`` would trace them twice.)"""
-        try:
-            yield
-        except (TypeError, ValueError) as err:
-            if getattr(self, "fits", False):
-                raise
-            raise ValueError(f"theta0 of shape {self.theta_shape} does not fit this sampler and data "
-                             f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
+        return _fitting(self.theta_shape, first=not getattr(self, "fits", False))
 
     def run(self, k0: int, num_draws: int, thinning: int) -> dict:
         """Rounds ``k0 + 1 .. k0 + num_draws * thinning``: positions ``[chains, draws, m, d]``, the
@@ -218,6 +208,40 @@ class Chains:
         return self._result
 
 
+@contextlib.contextmanager
+def _fitting(theta_shape: tuple, first: bool = True):
+    """A shape error while the programs are ``first`` traced is theta0's: one line that says so.
+    (Traced by the calls themselves: a separate ``eval_shape`` would trace them twice.)"""
+    try:
+        yield
+    except (TypeError, ValueError) as err:
+        if not first:
+            raise
+        raise ValueError(f"theta0 of shape {theta_shape} does not fit this sampler and data "
+                         f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
+
+
+def _inputs(seed: int, chains: range, theta0, width: int):
+    """The init program's arguments: the chains' keys and their ``theta0``, padded to ``width`` chains."""
+    keys = chain_keys(seed, np.arange(chains.start, chains.start + width))
+    return keys, jnp.asarray(placement.pad(theta0, width), jnp.float32)
+
+
+def compile_block(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, seed: int,
+                  chains: range, theta0, lengths) -> None:
+    """Compile, without running them, the programs that :class:`Chains` of these chains runs: init,
+    and the chunk of ``(num_draws, thinning)`` for each pair of ``lengths``. A worker process does
+    this before the others start blocks of the same shape, which then load the programs from JAX's
+    compilation cache instead of compiling them too (:mod:`fedmcmc.runtime.workers`)."""
+    init, chunk = _build(sampler, data, statistic, None)
+    keys, theta0 = _inputs(seed, chains, theta0, len(chains))
+    with _fitting(tuple(theta0.shape[1:])):
+        lowered = init.lower(keys, theta0)
+        lowered.compile()
+        for num_draws, thinning in lengths:
+            chunk.lower(keys, lowered.out_info[0], jnp.int32(0), num_draws, thinning).compile()
+
+
 def _blocks(num_chains: int, workers: int) -> list[range]:
     """Consecutive chain indices, split as evenly as possible over at most ``workers`` blocks of
     at least 2 chains: XLA compiles a batch of one chain differently (it drops the axis), which
@@ -229,9 +253,10 @@ def _blocks(num_chains: int, workers: int) -> list[range]:
 
 
 def _start(seed: int, sampler: FederatedSampler, data: FederatedData, statistic, theta0: np.ndarray,
-           workers: int | None, devices: int | None) -> list:
+           workers: int | None, devices: int | None, lengths: list[tuple[int, int]]) -> list:
     """The blocks of chains: in this process (on one device or spread over several), or spread
-    over worker processes (the :func:`fedmcmc.tune_cpu` default, on CPU only)."""
+    over worker processes (the :func:`fedmcmc.tune_cpu` default, on CPU only), which compile the
+    chunks of ``lengths`` (``(num_draws, thinning)`` pairs) once per block shape."""
     spread = placement.placement(devices, theta0.shape[0])
     if spread is not None:
         return [Chains(sampler, data, statistic, seed, range(theta0.shape[0]), theta0, spread)]
@@ -243,7 +268,7 @@ def _start(seed: int, sampler: FederatedSampler, data: FederatedData, statistic,
     if len(ranges) > 1:
         from fedmcmc.runtime import workers as pool
 
-        return pool.start(seed, sampler, data, statistic, ranges, theta0)
+        return pool.start(seed, sampler, data, statistic, ranges, theta0, lengths)
     return [Chains(sampler, data, statistic, seed, ranges[0], theta0)]
 
 
@@ -343,7 +368,8 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
     statistic
         Optional ``theta -> array``, recorded at every round after burn-in.
     chunk_size
-        Rounds per compiled chunk (a multiple of ``thinning``); default about 10,000.
+        Rounds per compiled chunk (a multiple of ``thinning``); default: at most 10,000, equal chunks
+        when they can be (:func:`fedmcmc.core.checks.default_chunk`).
     out_dir
         Where draws and checkpoints are written as the run goes (``out_dir/chunks``).
     resume
@@ -360,7 +386,9 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
     """
     theta0, chunk_size = _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size,
                                   out_dir, resume)
-    blocks = _start(seed, sampler, data, statistic, theta0, workers, devices)
+    lengths = sorted({(min(chunk_size, num_iterations - done) // thinning, thinning)
+                      for done in range(0, num_iterations, chunk_size)})
+    blocks = _start(seed, sampler, data, statistic, theta0, workers, devices, lengths)
     setup_bits = tuple(np.concatenate(parts) for parts in zip(*(block.setup_bits for block in blocks)))
     m = int(sampler.draws_per_round)
     run_fingerprint = fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,

@@ -22,9 +22,11 @@ import atexit
 import hashlib
 import os
 import pickle
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import traceback
 
 _FLAGS = ("--xla_force_host_platform_device_count=1", "--xla_cpu_multi_thread_eigen=false")
@@ -55,8 +57,8 @@ class WorkerError(RuntimeError):
 
 
 class _Process:
-    def __init__(self, index: int, core: int | None):
-        env = dict(os.environ)
+    def __init__(self, index: int, core: int | None, cache: dict):
+        env = {**os.environ, **cache}
         flags = env.get("XLA_FLAGS", "")
         env["XLA_FLAGS"] = " ".join([flags, *(f for f in _FLAGS if f.split("=")[0] not in flags)]).strip()
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -97,6 +99,22 @@ class _Process:
 
 
 _POOL: list[_Process] = []
+_CACHE: list[str] = []  # the pool's own compilation cache folder, if it has one
+
+
+def _cache_env() -> dict:
+    """The workers' shared XLA compilation cache, as environment variables: the user's (set by
+    ``JAX_COMPILATION_CACHE_DIR`` or in ``jax.config``, with the user's thresholds), or else a
+    folder of the pool's own, removed with the pool, that keeps every program (:func:`start`)."""
+    import jax
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return {}
+    if jax.config.jax_compilation_cache_dir:
+        return {"JAX_COMPILATION_CACHE_DIR": str(jax.config.jax_compilation_cache_dir)}
+    _CACHE.append(tempfile.mkdtemp(prefix="fedmcmc-workers-xla-"))
+    return {"JAX_COMPILATION_CACHE_DIR": _CACHE[-1], "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
 def _pool(size: int) -> list[_Process]:
@@ -104,15 +122,17 @@ def _pool(size: int) -> list[_Process]:
 
     if len(_POOL) != size or any(p.proc.poll() is not None for p in _POOL):
         _shutdown()
-        cores = available_cores()
+        cores, cache = available_cores(), _cache_env()
         pin = size <= len(cores)
-        _POOL.extend(_Process(i, cores[i] if pin else None) for i in range(size))
+        _POOL.extend(_Process(i, cores[i] if pin else None, cache) for i in range(size))
     return _POOL
 
 
 def _shutdown() -> None:
     while _POOL:
         _POOL.pop().close()
+    while _CACHE:
+        shutil.rmtree(_CACHE.pop(), ignore_errors=True)
 
 
 atexit.register(_shutdown)
@@ -132,8 +152,14 @@ class Remote:
         return self.process.receive()
 
 
-def start(seed: int, sampler, data, statistic, blocks: list[range], theta0) -> list[Remote]:
-    """Start one block of chains per worker (``theta0``: ``[num_chains, d]``)."""
+def start(seed: int, sampler, data, statistic, blocks: list[range], theta0, lengths=()) -> list[Remote]:
+    """Start one block of chains per worker (``theta0``: ``[num_chains, d]``).
+
+    Blocks of the same number of chains run the same programs. When several do, the first of
+    them compiles its init program and its chunks of ``lengths`` (``(num_draws, thinning)``
+    pairs, :func:`fedmcmc.runtime.simulator.compile_block`) before the others start, and they
+    load those programs from the workers' shared compilation cache (:func:`_cache_env`): one
+    compilation per shape instead of one per worker, in about the same time."""
     import cloudpickle
     import jax
 
@@ -145,18 +171,21 @@ def start(seed: int, sampler, data, statistic, blocks: list[range], theta0) -> l
     name = hashlib.sha256(job).hexdigest()
     config = {key: getattr(jax.config, key) for key in _CONFIG if hasattr(jax.config, key)}
     remotes = [Remote(process, chains) for process, chains in zip(_pool(len(blocks)), blocks)]
-    for r in remotes:
-        r.submit("start", name, None if name in r.process.jobs else job, config, seed, r.chains,
-                 theta0[r.chains.start:r.chains.stop])
-        r.process.jobs[name] = None
-        while len(r.process.jobs) > _JOBS_KEPT:
-            r.process.jobs.pop(next(iter(r.process.jobs)))
-    for r in remotes:
-        try:
-            r.setup_bits = r.result()
-        except Exception:
-            r.process.jobs.pop(name, None)
-            raise
+    first = {len(r.chains): r for r in reversed(remotes)}
+    steps = [("compile", list(first.values()), (list(lengths),))] if len(first) < len(remotes) else []
+    for method, group, extra in steps + [("start", remotes, ())]:
+        for r in group:
+            r.submit(method, name, None if name in r.process.jobs else job, config, seed, r.chains,
+                     theta0[r.chains.start:r.chains.stop], *extra)
+            r.process.jobs[name] = None
+            while len(r.process.jobs) > _JOBS_KEPT:
+                r.process.jobs.pop(next(iter(r.process.jobs)))
+        for r in group:
+            try:
+                r.setup_bits = r.result()
+            except Exception:
+                r.process.jobs.pop(name, None)
+                raise
     return remotes
 
 
@@ -167,7 +196,7 @@ def _serve(core: int | None) -> None:  # pragma: no cover - runs in the worker p
         os.sched_setaffinity(0, {core})
     import jax
 
-    from fedmcmc.runtime.simulator import Chains
+    from fedmcmc.runtime.simulator import Chains, compile_block
 
     jobs: dict[str, tuple] = {}
     block = None
@@ -177,16 +206,19 @@ def _serve(core: int | None) -> None:  # pragma: no cover - runs in the worker p
         except EOFError:
             return
         try:
-            if method == "start":
-                name, job, config, seed, chains, theta0 = args
+            if method in ("start", "compile"):
+                name, job, config, seed, chains, theta0, *lengths = args
                 if job is not None:
                     jobs[name] = pickle.loads(job)
                     while len(jobs) > _JOBS_KEPT:
                         jobs.pop(next(iter(jobs)))
                 for key, value in config.items():
                     jax.config.update(key, value)
-                block = Chains(*jobs[name], seed, chains, theta0)
-                value = block.setup_bits
+                if method == "compile":
+                    value = compile_block(*jobs[name], seed, chains, theta0, *lengths)
+                else:
+                    block = Chains(*jobs[name], seed, chains, theta0)
+                    value = block.setup_bits
             else:
                 value = getattr(block, method)(*args)
             _write(replies, ("ok", value))
