@@ -14,13 +14,11 @@ indices, so the split never changes a sample.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import time
-from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,128 +27,12 @@ import numpy as np
 from fedmcmc.core.checks import check_schedule
 from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
-from fedmcmc.runtime import cpu, devices as placement, round as rnd
+from fedmcmc.runtime import cpu, devices as placement
+from fedmcmc.runtime.programs import build, fitting, inputs, total
 from fedmcmc.runtime.records import (SimulationResult, assemble, check_finite, fingerprint,
                                      save_npz)
-from fedmcmc.runtime.round import chain_keys
 
 __all__ = ["simulate", "Chains"]
-
-_LO_BITS = 20  # bit counters are kept as (hi, lo) int32 pairs: exact up to 2**51
-
-
-class _Carry(NamedTuple):
-    server_state: Any
-    broadcast: Any
-    client_states: Any
-
-
-class _Window(NamedTuple):
-    up_hi: Any
-    up_lo: Any
-    down_hi: Any
-    down_lo: Any
-    active: Any
-
-
-def _acc(hi, lo, x):
-    lo = lo + x
-    return hi + (lo >> _LO_BITS), lo & ((1 << _LO_BITS) - 1)
-
-
-def _total(hi, lo) -> np.ndarray:
-    return np.asarray(hi, np.int64) * (1 << _LO_BITS) + np.asarray(lo, np.int64)
-
-
-_BUILT: "OrderedDict[tuple, tuple]" = OrderedDict()
-
-
-def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, devices: tuple | None):
-    """Compiled init and chunk functions (chains spread over ``devices`` if given), cached so repeated
-    runs of the same sampler on the same data (chunks, resumes, benchmarks) do not compile again."""
-    key = (sampler, id(data.x), id(data.counts), statistic, devices)
-    if key in _BUILT:
-        _BUILT.move_to_end(key)
-        return _BUILT[key][1]
-    built = placement.programs(*_compile(sampler, data, statistic), devices)
-    _BUILT[key] = (data, built)  # holding data keeps the ids valid
-    if len(_BUILT) > 16:
-        _BUILT.popitem(last=False)
-    return built
-
-
-def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None):
-    clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
-    b = data.num_clients
-    ids = jnp.arange(b, dtype=jnp.uint32)
-    max_active = sampler.participation.max_active
-    if max_active is not None and not 1 <= max_active < b:
-        max_active = None  # nothing to save
-
-    def chain_init(chain_key, theta0):
-        server_state, broadcast = rnd.server_init(sampler, chain_key, theta0, b)
-        client_states = rnd.client_init(sampler, chain_key, broadcast, clients, ids)
-        setup_up, setup_down = jnp.zeros((b,), jnp.int32), jnp.zeros((), jnp.int32)
-        if sampler.setup is not None:
-            client_states, uploads, cinfo = rnd.setup_clients(sampler, chain_key, client_states, broadcast, clients,
-                                                              ids, b)
-            server_state, message, sinfo = rnd.setup_server(sampler, chain_key, server_state, uploads, b)
-            client_states = rnd.setup_receive(sampler, client_states, message)
-            setup_up, setup_down = cinfo.bits.astype(jnp.int32), jnp.asarray(sinfo.broadcast_bits, jnp.int32)
-        return _Carry(server_state, broadcast, client_states), (setup_up, setup_down)
-
-    def chain_round(chain_key, carry: _Carry, k):
-        mask = rnd.participation(sampler, chain_key, k, b)
-        if max_active is None:
-            client_states, uploads, cinfo = rnd.client_round(sampler, chain_key, k, carry.client_states,
-                                                             carry.broadcast, clients, ids, mask)
-        else:
-            client_states, uploads, cinfo = rnd.active_clients_round(sampler, chain_key, k, carry.client_states,
-                                                                     carry.broadcast, clients, ids, mask, max_active)
-        server_state, broadcast, sinfo = rnd.server_round(sampler, chain_key, k, carry.server_state, uploads, mask, b)
-        n_active = jnp.sum(mask.astype(jnp.int32))
-        bits_up = jnp.sum(jnp.where(mask, cinfo.bits, 0).astype(jnp.int32))
-        bits_down = n_active * sinfo.broadcast_bits
-        return _Carry(server_state, broadcast, client_states), (bits_up, bits_down, n_active)
-
-    rounds = jax.vmap(chain_round, (0, 0, None))
-
-    def run_chunk(chain_keys, carry, k0, num_draws: int, thinning: int):
-        num_chains = chain_keys.shape[0]
-
-        def draw(carry, j):
-            def one(state, t):
-                carry, w = state
-                k = k0 + j * thinning + t
-                carry, (up, down, act) = rounds(chain_keys, carry, k)
-                up_hi, up_lo = _acc(w.up_hi, w.up_lo, up)
-                down_hi, down_lo = _acc(w.down_hi, w.down_lo, down)
-                stat = statistic_values(carry)
-                return (carry, _Window(up_hi, up_lo, down_hi, down_lo, w.active + act)), stat
-
-            zeros = jnp.zeros((num_chains,), jnp.int32)
-            (carry, w), stats = jax.lax.scan(one, (carry, _Window(zeros, zeros, zeros, zeros, zeros)),
-                                             jnp.arange(thinning))
-            return carry, (recorded(carry.server_state), w, stats)
-
-        carry, (positions, windows, stats) = jax.lax.scan(draw, carry, jnp.arange(num_draws))
-        # chains first everywhere, so that every output can be split by chain
-        chains_first = jax.tree_util.tree_map(lambda a: jnp.swapaxes(a, 0, 1), (positions, windows))
-        if stats is not None:
-            stats = jnp.moveaxis(stats, 2, 0)  # [chains, draws, thinning, ...]
-        return carry, *chains_first, stats
-
-    def recorded(server_state):  # [chains, m, d]: the draws of the round
-        if sampler.draws_per_round > 1:
-            return server_state.draws
-        return server_state.position[:, None]
-
-    def statistic_values(carry):
-        if statistic is None:
-            return None
-        return jax.vmap(statistic)(carry.server_state.position)
-
-    return jax.vmap(chain_init), run_chunk
 
 
 class Chains:
@@ -164,9 +46,9 @@ class Chains:
     def __init__(self, sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, seed: int,
                  chains: range, theta0, devices: tuple | None = None):
         self.chains = chains
-        self.init, self.chunk = _build(sampler, data, statistic, devices)
+        self.init, self.chunk = build(sampler, data, statistic, devices)
         self.width = placement.width(len(chains), devices)
-        self.keys, theta0 = _inputs(seed, chains, theta0, self.width)
+        self.keys, theta0 = inputs(seed, chains, theta0, self.width)
         self.theta_shape = tuple(theta0.shape[1:])
         with self._fitting():
             self.carry, (up, down) = self.init(self.keys, theta0)
@@ -174,7 +56,7 @@ class Chains:
         self.setup_bits = (np.asarray(up, np.int64)[:n].sum(axis=1), np.asarray(down, np.int64)[:n] * data.num_clients)
 
     def _fitting(self):
-        return _fitting(self.theta_shape, first=not getattr(self, "fits", False))
+        return fitting(self.theta_shape, first=not getattr(self, "fits", False))
 
     def run(self, k0: int, num_draws: int, thinning: int) -> dict:
         """Rounds ``k0 + 1 .. k0 + num_draws * thinning``: positions ``[chains, draws, m, d]``, the
@@ -183,8 +65,8 @@ class Chains:
             self.carry, positions, windows, stats = self.chunk(self.keys, self.carry, jnp.int32(k0), num_draws,
                                                                thinning)
         self.fits = True
-        out = {"positions": np.asarray(positions), "up": _total(windows.up_hi, windows.up_lo),
-               "down": _total(windows.down_hi, windows.down_lo), "active": np.asarray(windows.active)}
+        out = {"positions": np.asarray(positions), "up": total(windows.up_hi, windows.up_lo),
+               "down": total(windows.down_hi, windows.down_lo), "active": np.asarray(windows.active)}
         if stats is not None:
             s = np.asarray(stats)  # [chains, draws, thinning, ...]
             out["stats"] = s.reshape((s.shape[0], num_draws * thinning) + s.shape[3:])
@@ -206,40 +88,6 @@ class Chains:
 
     def result(self):
         return self._result
-
-
-@contextlib.contextmanager
-def _fitting(theta_shape: tuple, first: bool = True):
-    """A shape error while the programs are ``first`` traced is theta0's: one line that says so.
-    (Traced by the calls themselves: a separate ``eval_shape`` would trace them twice.)"""
-    try:
-        yield
-    except (TypeError, ValueError) as err:
-        if not first:
-            raise
-        raise ValueError(f"theta0 of shape {theta_shape} does not fit this sampler and data "
-                         f"(give one value per model parameter): {str(err).splitlines()[0]}") from None
-
-
-def _inputs(seed: int, chains: range, theta0, width: int):
-    """The init program's arguments: the chains' keys and their ``theta0``, padded to ``width`` chains."""
-    keys = chain_keys(seed, np.arange(chains.start, chains.start + width))
-    return keys, jnp.asarray(placement.pad(theta0, width), jnp.float32)
-
-
-def compile_block(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, seed: int,
-                  chains: range, theta0, lengths) -> None:
-    """Compile, without running them, the programs that :class:`Chains` of these chains runs: init,
-    and the chunk of ``(num_draws, thinning)`` for each pair of ``lengths``. A worker process does
-    this before the others start blocks of the same shape, which then load the programs from JAX's
-    compilation cache instead of compiling them too (:mod:`fedmcmc.runtime.workers`)."""
-    init, chunk = _build(sampler, data, statistic, None)
-    keys, theta0 = _inputs(seed, chains, theta0, len(chains))
-    with _fitting(tuple(theta0.shape[1:])):
-        lowered = init.lower(keys, theta0)
-        lowered.compile()
-        for num_draws, thinning in lengths:
-            chunk.lower(keys, lowered.out_info[0], jnp.int32(0), num_draws, thinning).compile()
 
 
 def _blocks(num_chains: int, workers: int) -> list[range]:

@@ -157,7 +157,7 @@ def start(seed: int, sampler, data, statistic, blocks: list[range], theta0, leng
 
     Blocks of the same number of chains run the same programs. When several do, the first of
     them compiles its init program and its chunks of ``lengths`` (``(num_draws, thinning)``
-    pairs, :func:`fedmcmc.runtime.simulator.compile_block`) before the others start, and they
+    pairs, :func:`fedmcmc.runtime.programs.compile_block`) before the others start, and they
     load those programs from the workers' shared compilation cache (:func:`_cache_env`): one
     compilation per shape instead of one per worker, in about the same time."""
     import cloudpickle
@@ -196,7 +196,8 @@ def _serve(core: int | None) -> None:  # pragma: no cover - runs in the worker p
         os.sched_setaffinity(0, {core})
     import jax
 
-    from fedmcmc.runtime.simulator import Chains, compile_block
+    from fedmcmc.runtime.programs import compile_block
+    from fedmcmc.runtime.simulator import Chains
 
     jobs: dict[str, tuple] = {}
     block = None
