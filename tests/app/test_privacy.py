@@ -69,7 +69,8 @@ def run_fails(capsys, tmp_path, privacy, *fragments, sampler="qlsd#"):
     ("epsilon = 2.0", "qlsd#", ("[privacy] needs delta in (0, 1)",)),
     ("delta = 1e-5\nclip = -1", "qlsd#", ("[privacy] clip must be a finite number > 0",)),
     ("delta = 1e-5\nsigma = 1", "qlsd#", ("unknown key(s) ['sigma'] in [privacy]",)),
-    ("delta = 1e-5\nclip = 1.0", "qlsd# fixed", ("cannot yet bound uploads on a fixed_point grid",)),
+    ("delta = 1e-5\nclip = 1e-6", "qlsd# fixed", ("[privacy] clip: a clip of 1e-06 cannot hold on the grid 2**-16",
+                                                 "raise fixed_point fraction_bits")),
 ])
 def test_refusals_are_one_line_exit_2_nothing_written(tmp_path, capsys, privacy, sampler, fragments):
     run_fails(capsys, tmp_path, privacy, *fragments, sampler=sampler)

@@ -80,7 +80,8 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
     it, and the secure run's samples, its server killed in round 3 and resumed from round 2 (the
     clients' keys lost and exchanged again), equal the plain run's bit for bit; without the failure the plain
     run is the simulator's, so the grid is the same chain in every runtime. A malformed masked
-    upload for one chain drops that client from that chain only (its seeds revealed there)."""
+    upload for one chain drops that client from that chain only (its seeds revealed there). A
+    QLSD# run with [privacy] clip (inside the grid) gives the simulator's samples securely too."""
     class Crash(RuntimeError):
         pass
 
@@ -120,6 +121,13 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
     res = server.run(LocalTransport(t, 3, config.from_text, faults=garble))
     assert server.stats["rejected_uploads"] == 1 and server.stats["secagg_recoveries"] == 1
     assert np.isfinite(res.samples).all() and not np.array_equal(res.samples, runs[False, True])
+    # differential privacy with secure aggregation: QLSD# clipped inside the grid, the simulator's samples
+    private = (text.replace('"qlsd++"', '"qlsd#"').replace("refresh_every = 2\n", "")
+               + "\n[privacy]\ndelta = 1e-5\nclip = 0.05\n")
+    server = ServerRuntime(private + "\n[flower]\nsecure_aggregation = true\n", tmp_path / "dp", config.from_text)
+    res = server.run(LocalTransport(private + "\n[flower]\nsecure_aggregation = true\n", 3, config.from_text))
+    np.testing.assert_array_equal(res.samples, reference(private).samples)
+    assert server.built.privacy["client"]["epsilon"] > 0 and server.built.sampler.name == "qlsd#"
     with pytest.raises(ValueError, match="secure_aggregation needs uploads on a fixed-point grid"):
         ServerRuntime(QLSD_PP + "\n[flower]\nsecure_aggregation = true\n", tmp_path / "no", config.from_text)
     with pytest.raises(ValueError, match="secure_aggregation must be true or false"):

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from fedmcmc.compression import clipped, identity
+from fedmcmc.compression import resolve_clipped
 from fedmcmc.models import clipped_gradients
 
 # fedmcmc.privacy (dp-accounting, scipy.signal: seconds of imports) is imported by the functions that
@@ -152,10 +152,10 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
     if s.record_clip is not None:
         args["model"] = clipped_gradients(args["model"], s.record_clip)
     if s.clip is not None and "compressor" in args:
-        if getattr(args["compressor"], "aggregate", None) is not None:
-            raise error("[privacy] clip cannot yet bound uploads on a fixed_point grid (its rounding can lengthen a "
-                        "clipped upload); drop compression's fixed_point, or clip records with record_clip")
-        args["compressor"] = clipped(args["compressor"] or identity(), s.clip)
+        try:  # on a fixed_point grid, inside it: the bound holds for the grid values the server sums
+            args["compressor"] = resolve_clipped(cfg["sampler"].get("compression"), s.clip, args["model"].dim)
+        except ValueError as err:
+            raise error(f"[privacy] clip: {err}") from None
     levels = account(name, s, p["delta"], p["accountant"])
     uncovered = _UNCOVERED + (["step_size = \"auto\" (the curvature at the mode)"]
                               if cfg["sampler"].get("step_size") == "auto" else [])
