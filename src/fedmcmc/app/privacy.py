@@ -41,7 +41,8 @@ _UNCOVERED = ["sample_stats bits_up, bits_down and active_clients", "the bits an
               "reliability.png)", "each client's counts (inputs.clients)", "the data's scaling and split",
               "timings and a Flower run's counts", "what the server sees of each upload"]
 #: What release = "draws" still writes that the accountant does not cover (what it cannot strip is refused).
-_DRAWS_UNCOVERED = ["the seed: 32 bits (JAX's PRNGKey) of a secret the run folder's config.toml holds",
+_DRAWS_UNCOVERED = ["the seed: 32 bits (JAX's PRNGKey) of a secret; the run folder's config.toml and chunks/ "
+                    "(the checkpoint) hold it and everything else: keep them private",
                     "the data's schema (feature names; the task and the classes where [data] does not declare them)",
                     "floating-point rounding of the noise and the sums (the mechanisms are analysed over the reals)",
                     "what the server sees of each upload (secure_aggregation: only their sum)"]

@@ -20,7 +20,8 @@ post-processing of the whole trajectory, and standard composition bounds nothing
 (Privacy amplification by iteration, Feldman et al. 2018, would need a contractive chain and
 is not used.)
 
-**The mappings** (``C`` the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`;
+**The mappings** (``C`` the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`,
+or on its grid value on a fixed-point grid, :func:`fedmcmc.compression.resolve_clipped`;
 ``C_r`` the per-record gradient bound, :func:`fedmcmc.models.clipped_gradients`; client ``i`` with
 ``N_i`` records, minibatches of ``n_i``; ``w_i`` its weight in the server's sum):
 
