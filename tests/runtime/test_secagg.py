@@ -100,7 +100,8 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
     it, and the secure run's samples, its server killed in round 3 and resumed from round 2 (the
     clients' keys lost and exchanged again), equal the plain run's bit for bit; without the failure the plain
     run is the simulator's, so the grid is the same chain in every runtime. A malformed masked
-    upload for one chain drops that client from that chain only (its seeds revealed there). A
+    upload for one chain drops that client from that chain only (its seeds revealed there), with
+    the key advertisements signed by the SuperNodes' keys (unsigned or foreign keys refused). A
     QLSD# run with [privacy] clip (inside the grid) gives the simulator's samples securely too."""
     class Crash(RuntimeError):
         pass
@@ -136,9 +137,15 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
             reply["masked/0"] = [reply["masked/0"][0].astype(np.int64)]
         return reply
 
+    from test_flower_deploy import make_node_keys  # SuperNode authentication keys sign the key advertisements
+
     t = text + "\n[flower]\nsecure_aggregation = true\n"
     server = ServerRuntime(t, tmp_path / "garbled", config.from_text)
     transport = LocalTransport(t, 3, config.from_text, faults=garble)
+    keys = make_node_keys(tmp_path, 3)
+    (tmp_path / "verify").write_bytes(b"".join(public.read_bytes() + b"\n" for _, public in keys))
+    for i in range(3):
+        transport.stores[i].update(secagg_signing_key=str(keys[i][0]), secagg_verify_keys=str(tmp_path / "verify"))
     res = server.run(transport)
     assert server.stats["rejected_uploads"] == 1 and server.stats["secagg_recoveries"] == 1
     assert server.stats["secagg_self_bits"] > 0  # double masking: the survivors' self seeds, every round
@@ -147,6 +154,14 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
         transport.clients[2].handle(ask, transport.stores[2])
     with pytest.raises(ValueError, match="was answered for the dropped clients"):  # one set per round and chain
         transport.clients[0].handle({**ask, "dropped": [[]]}, transport.stores[0])
+    publics = b"".join(secagg.keypair()[1] for _ in range(3))  # a man in the middle's keys, relayed unsigned
+    with pytest.raises(RuntimeError, match="carry no signature"):
+        transport.clients[0].handle({"kind": "secagg_peers", "publics": publics}, transport.stores[0])
+    signatures = [secagg.sign(keys[j][0].read_bytes(), secagg.advert(publics[32 * j:32 * (j + 1)], j, b"x")).hex()
+                  for j in range(3)]  # signed, but not for this run
+    with pytest.raises(RuntimeError, match="client 0's relayed public key is not signed"):
+        transport.clients[1].handle({"kind": "secagg_peers", "publics": publics, "signatures": signatures},
+                                    transport.stores[1])
     assert np.isfinite(res.samples).all() and not np.array_equal(res.samples, runs[False, True])
     # differential privacy with secure aggregation: QLSD# clipped inside the grid, the simulator's samples
     private = (text.replace('"qlsd++"', '"qlsd#"').replace("refresh_every = 2\n", "")

@@ -215,8 +215,14 @@ class ClientRuntime:
         if kind == "secagg_keys":
             private, public = secagg.keypair()
             store.update(secagg_private=private, secagg_publics=b"")
-            return {"public": public}
+            if not store.get("secagg_signing_key"):
+                return {"public": public}
+            signing = Path(store["secagg_signing_key"]).read_bytes()
+            return {"public": public, "signature": secagg.sign(signing, secagg.advert(public, self.index,
+                                                                                      self.key.encode())).hex()}
         if kind == "secagg_peers":
+            if store.get("secagg_verify_keys"):
+                self._check_keys(bytes(msg["publics"]), msg.get("signatures"), Path(store["secagg_verify_keys"]))
             store.update(secagg_publics=bytes(msg["publics"]), secagg_answered="[]")  # new keys: a fresh record
             if state_dir is not None:  # a node that restarts keeps its keys
                 folder = state_dir / f"client{self.index}"
@@ -234,6 +240,19 @@ class ClientRuntime:
                     "seeds": b"".join(self._seed(store, state_dir, int(u), k, int(c))
                                       for c, dropped in zip(msg["chains"], msg["dropped"]) for u in dropped)}
         raise ValueError(f"unknown message kind {kind!r}")
+
+    def _check_keys(self, publics: bytes, signatures, verify_keys: Path) -> None:
+        """Refuse the relayed public keys unless each is signed by its client's SuperNode key, one
+        OpenSSH public key a line of ``verify_keys`` in client order (a man in the middle swaps them)."""
+        lines = [line for line in verify_keys.read_bytes().splitlines() if line.strip()]
+        if len(lines) != self.b or not isinstance(signatures, list) or len(signatures) != self.b:
+            raise RuntimeError(f"client {self.index}: the relayed keys carry no signature of every client's SuperNode "
+                               f"key (or {verify_keys} has not {self.b} keys); refusing to mask with them")
+        for j, line in enumerate(lines):
+            public = publics[j * secagg.KEY_BYTES:(j + 1) * secagg.KEY_BYTES]
+            if not secagg.verify(line, secagg.advert(public, j, self.key.encode()), bytes.fromhex(signatures[j])):
+                raise RuntimeError(f"client {self.index}: client {j}'s relayed public key is not signed by its "
+                                   "SuperNode key; refusing to mask with it")
 
     def _keys(self, store: dict, state_dir: Path | None) -> tuple[bytes, bytes]:
         """``(private key, the peers' public keys)``, from the node's state folder after a restart."""

@@ -6,7 +6,11 @@ The pairwise-masking protocol of Bonawitz et al. (CCS 2017), on the int32 grid i
 * **Keys, once per run** (every client): client ``i`` makes an X25519 key pair and sends its
   public key; the server relays all public keys; every pair ``(i, j)`` agrees on a secret
   ``s_ij = HKDF-SHA256(X25519(i, j), info = context | min(i, j) | max(i, j))``
-  (:func:`pair_secret`). The server never holds a private key or a pair secret.
+  (:func:`pair_secret`). The server never holds a private key or a pair secret. Optionally
+  (node config ``secagg-signing-key`` and ``secagg-verify-keys``) each client signs its public
+  key, bound to the run and its index (:func:`advert`), with its SuperNode's authentication key
+  (:func:`sign`), and every client checks all of them against the keys it was given
+  (:func:`verify`), so a server that swaps the keys it relays (a man in the middle) is refused.
 * **Each round ``k``, each chain ``c``**, with ``A`` the chain's active clients: client ``i``
   uploads ``y_i = q_i + r_i + sum_{j in A, j != i} sign(j - i) m_ij  (mod 2^32)``, where
   ``m_ij = SHAKE-256(t_ij)`` expanded to ``d`` words and ``t_ij = SHA-256(s_ij | k | c)`` is the
@@ -39,7 +43,9 @@ import hashlib
 import struct
 
 import numpy as np
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
@@ -164,3 +170,29 @@ def unmask(uploads: dict[int, np.ndarray], dropped, revealed: dict[tuple[int, in
             m = mask(revealed[(j, u)], total.size)
             total = total - m if _sign(j, u) > 0 else total + m
     return total.view(np.int32)
+
+
+def advert(public: bytes, index: int, context: bytes) -> bytes:
+    """What client ``index`` signs of its public key: the key, bound to the run (``context``) and its index."""
+    return b"fedmcmc-secagg-key|" + context + struct.pack("<I", int(index)) + public
+
+
+def sign(private_openssh: bytes, message: bytes) -> bytes:
+    """``message`` signed with an OpenSSH private key (a SuperNode's authentication key: ECDSA
+    with SHA-256, or Ed25519)."""
+    key = serialization.load_ssh_private_key(private_openssh, password=None)
+    return key.sign(message, ec.ECDSA(hashes.SHA256())) if isinstance(key, ec.EllipticCurvePrivateKey) \
+        else key.sign(message)
+
+
+def verify(public_openssh: bytes, message: bytes, signature: bytes) -> bool:
+    """Whether ``signature`` is ``message`` signed by the key of ``public_openssh`` (one OpenSSH line)."""
+    key = serialization.load_ssh_public_key(public_openssh)
+    try:
+        if isinstance(key, ec.EllipticCurvePublicKey):
+            key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
+        else:
+            key.verify(signature, message)
+    except InvalidSignature:
+        return False
+    return True

@@ -296,9 +296,13 @@ class ServerRuntime:
         publics = b"".join(bytes(replies[i]["public"]) for i in range(self.b))
         if len(publics) != self.b * secagg.KEY_BYTES:
             raise RuntimeError("a client sent a public key of the wrong length")
-        self._all(transport, {i: self._message("secagg_peers", publics=publics) for i in range(self.b)}, "keys")
-        self.stats["secagg_bits_up"] += 8 * len(publics)
-        self.stats["secagg_bits_down"] += 8 * len(publics) * self.b
+        signatures = [str(replies[i].get("signature", "")) for i in range(self.b)]  # relayed as they came
+        signed = {"signatures": signatures} if any(signatures) else {}
+        self._all(transport, {i: self._message("secagg_peers", publics=publics, **signed) for i in range(self.b)},
+                  "keys")
+        sent = 8 * len(publics) + 4 * sum(len(x) for x in signatures)  # a signature's hex digit: 4 bits
+        self.stats["secagg_bits_up"] += sent
+        self.stats["secagg_bits_down"] += sent * self.b
 
     def _collect_secure(self, transport, k, mask, messages, replies, uploads, effective, bits):
         """Unmask each chain's sum of its surviving clients' integers and hand it to the sampler as
