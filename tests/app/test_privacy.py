@@ -99,6 +99,8 @@ def test_refusals_are_one_line_exit_2_nothing_written(tmp_path, capsys, privacy,
     ('name = "fa-ld"\nstep_size = 1e-3\nlocal_steps = 1', "delta = 1e-5\nepsilon = 5.0", "client"),
     ('name = "dsgld"\nstep_size = 1e-3\nlocal_steps = 5\nbatch_size = 10', "delta = 1e-5\nepsilon = 5.0",
      "client"),  # a replaced shard: its record_clip is chosen
+    ('name = "qlsd++"\nstep_size = 1e-3\nbatch_size = 10\nmemory = false\ncompression = {{ bits = 4 }}',
+     "delta = 1e-5\nepsilon = 5.0\nlevel = \"record\"", "record"),  # through the client's clip
 ])
 def test_fa_ld_and_dsgld_meet_a_budget_with_their_builders_defaults(sampler, privacy, level):
     from fedmcmc.app import config
@@ -108,3 +110,4 @@ def test_fa_ld_and_dsgld_meet_a_budget_with_their_builders_defaults(sampler, pri
     _, built = config.from_text(text)
     assert 4.99 < built.privacy[level]["epsilon"] <= 5.0
     assert built.privacy["record_clip" if "dsgld" in sampler else "clip"] is not None
+    assert "qlsd++" not in sampler or built.privacy["client"]["epsilon"] < 5.0  # add/remove vs replace
