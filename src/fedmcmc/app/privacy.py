@@ -33,7 +33,7 @@ from fedmcmc.models import clipped_gradients
 # fedmcmc.privacy (dp-accounting, scipy.signal: seconds of imports) is imported by the functions that
 # account, so that a run without [privacy] and a Flower node do not pay for it
 
-__all__ = ["KEYS", "settle", "attrs"]
+__all__ = ["KEYS", "RELEASES", "settle", "attrs", "draws_only", "released"]
 
 #: Released quantities that depend on the data and that the accountant does not cover (docs/privacy.md).
 _UNCOVERED = ["sample_stats bits_up, bits_down and active_clients", "the bits and participation in results.json and "
