@@ -3,6 +3,7 @@ the (epsilon, delta) it met, or writes only what it covers (release = "draws"); 
 keys are refused in one line with exit code 2, and nothing is written."""
 
 import json
+import re
 
 import h5netcdf
 import pytest
@@ -36,8 +37,6 @@ def write(tmp_path, privacy, sampler="qlsd#"):
     text = CONFIG.format(privacy=privacy, sampler=sampler.split()[0])
     if sampler.endswith("seedless"):
         text = text.replace("seed = 1\n", "")
-    if sampler.endswith("auto"):
-        text = text.replace("step_size = 1e-3", 'step_size = "auto"')
     if sampler.endswith("fixed"):  # uploads on secure aggregation's integer grid
         text = text.replace("{ bits = 4 }", "{ bits = 4, fixed_point = { fraction_bits = 16, max_abs = 1000.0 } }")
     path.write_text(text)
@@ -86,13 +85,23 @@ def run_fails(capsys, tmp_path, privacy, *fragments, sampler="qlsd#"):
     ("delta = 1e-5\nclip = -1", "qlsd#", ("[privacy] clip must be a finite number > 0",)),
     ("delta = 1e-5\nsigma = 1", "qlsd#", ("unknown key(s) ['sigma'] in [privacy]",)),
     ("delta = 1e-5\nclip = 1.0\nrelease = \"some\"", "qlsd#", ("[privacy] release must be one of ('all', 'draws')",)),
-    ("delta = 1e-5\nclip = 1.0\nrelease = \"draws\"", "qlsd# auto", ('release = "draws" needs a numeric',)),
     ("delta = 1e-5\nclip = 1.0\nrelease = \"draws\"", "qlsd# seedless", ('needs a secret [run] seed',)),
     ("delta = 1e-5\nclip = 1e-6", "qlsd# fixed", ("[privacy] clip: a clip of 1e-06 cannot hold on the grid 2**-16",
                                                  "raise fixed_point fraction_bits")),
 ])
 def test_refusals_are_one_line_exit_2_nothing_written(tmp_path, capsys, privacy, sampler, fragments):
     run_fails(capsys, tmp_path, privacy, *fragments, sampler=sampler)
+
+
+def test_release_draws_refuses_draws_that_depend_on_the_data_without_noise():
+    from fedmcmc.app.privacy import _draws_only
+
+    run = {"run": {"seed": 7}}
+    for cfg, fragment in (({**run, "sampler": {"step_size": "auto"}}, "needs a numeric [sampler] step_size"),
+                          ({**run, "sampler": {}, "data": {"builtin": "breast-cancer"}}, "standardise = false")):
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            _draws_only(cfg, ValueError)
+    _draws_only({**run, "sampler": {}, "data": {"standardise": False}}, ValueError)
 
 
 @pytest.mark.parametrize("sampler,privacy,level", [
