@@ -1,8 +1,9 @@
 """``[privacy]`` through the command line: a budget picks the clipping bound and the run records
-the (epsilon, delta) it met; a bound that misses the budget, a sampler without a bound and bad
+the (epsilon, delta) it met, or writes only what it covers (release = "draws"); a bound that misses the budget, a sampler without a bound and bad
 keys are refused in one line with exit code 2, and nothing is written."""
 
 import json
+import re
 
 import h5netcdf
 import pytest
@@ -34,6 +35,8 @@ num_iterations = 60
 def write(tmp_path, privacy, sampler="qlsd#"):
     path = tmp_path / "run.toml"
     text = CONFIG.format(privacy=privacy, sampler=sampler.split()[0])
+    if sampler.endswith("seedless"):
+        text = text.replace("seed = 1\n", "")
     if sampler.endswith("fixed"):  # uploads on secure aggregation's integer grid
         text = text.replace("{ bits = 4 }", "{ bits = 4, fixed_point = { fraction_bits = 16, max_abs = 1000.0 } }")
     path.write_text(text)
@@ -41,14 +44,26 @@ def write(tmp_path, privacy, sampler="qlsd#"):
 
 
 def test_a_budget_picks_the_clip_and_the_run_records_what_it_met(tmp_path):
+    """... and release = "draws" writes the same draws with only what the accountant covers."""
     path = write(tmp_path, "delta = 1e-5\nepsilon = 2.0")
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-progress", "--workers", "1"]) == 0
-    record = json.loads((tmp_path / "out" / "results.json").read_text())["privacy"]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    record = results["privacy"]
     assert record["budget"] == {"epsilon": 2.0, "level": "client"} and record["rounds"] == 60
     assert 1.99 < record["client"]["epsilon"] <= 2.0 and record["client"]["delta"] == 1e-5
     assert record["clip"] > 0 and record["record"]["epsilon"] > record["client"]["epsilon"]  # replace vs add/remove
+    assert record["release"] == "all" and "upload_bits_per_chain" in results
     with h5netcdf.File(tmp_path / "out" / "posterior.nc", "r") as f:  # ArviZ's attributes carry it too
-        assert json.loads(f.attrs["privacy"])["clip"] == record["clip"]
+        assert json.loads(f.attrs["privacy"])["clip"] == record["clip"] and "sample_stats" in f.groups
+        theta = f.groups["posterior"].variables["theta"][...]
+    path = write(tmp_path, "delta = 1e-5\nepsilon = 2.0\nrelease = \"draws\"")
+    assert main(["run", str(path), "--out", str(tmp_path / "draws"), "--no-progress", "--workers", "1"]) == 0
+    results = json.loads((tmp_path / "draws" / "results.json").read_text())
+    assert set(results) == {"config", "sampler", "num_draws", "diagnostics", "step", "privacy", "inputs"}
+    assert results["privacy"]["not_covered"] != record["not_covered"] and results["privacy"]["clip"] == record["clip"]
+    assert "seed" not in results["config"]["run"]  # the noise's secret
+    with h5netcdf.File(tmp_path / "draws" / "posterior.nc", "r") as f:
+        assert list(f.groups) == ["posterior"] and (f.groups["posterior"].variables["theta"][...] == theta).all()
 
 
 def run_fails(capsys, tmp_path, privacy, *fragments, sampler="qlsd#"):
@@ -69,16 +84,32 @@ def run_fails(capsys, tmp_path, privacy, *fragments, sampler="qlsd#"):
     ("epsilon = 2.0", "qlsd#", ("[privacy] needs delta in (0, 1)",)),
     ("delta = 1e-5\nclip = -1", "qlsd#", ("[privacy] clip must be a finite number > 0",)),
     ("delta = 1e-5\nsigma = 1", "qlsd#", ("unknown key(s) ['sigma'] in [privacy]",)),
-    ("delta = 1e-5\nclip = 1.0", "qlsd# fixed", ("cannot yet bound uploads on a fixed_point grid",)),
+    ("delta = 1e-5\nclip = 1.0\nrelease = \"some\"", "qlsd#", ("[privacy] release must be one of ('all', 'draws')",)),
+    ("delta = 1e-5\nclip = 1.0\nrelease = \"draws\"", "qlsd# seedless", ('needs a secret [run] seed',)),
+    ("delta = 1e-5\nclip = 1e-6", "qlsd# fixed", ("[privacy] clip: a clip of 1e-06 cannot hold on the grid 2**-16",
+                                                 "raise fixed_point fraction_bits")),
 ])
 def test_refusals_are_one_line_exit_2_nothing_written(tmp_path, capsys, privacy, sampler, fragments):
     run_fails(capsys, tmp_path, privacy, *fragments, sampler=sampler)
+
+
+def test_release_draws_refuses_draws_that_depend_on_the_data_without_noise():
+    from fedmcmc.app.privacy import _draws_only
+
+    run = {"run": {"seed": 7}}
+    for cfg, fragment in (({**run, "sampler": {"step_size": "auto"}}, "needs a numeric [sampler] step_size"),
+                          ({**run, "sampler": {}, "data": {"builtin": "breast-cancer"}}, "standardise = false")):
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            _draws_only(cfg, ValueError)
+    _draws_only({**run, "sampler": {}, "data": {"standardise": False}}, ValueError)
 
 
 @pytest.mark.parametrize("sampler,privacy,level", [
     ('name = "fa-ld"\nstep_size = 1e-3\nlocal_steps = 1', "delta = 1e-5\nepsilon = 5.0", "client"),
     ('name = "dsgld"\nstep_size = 1e-3\nlocal_steps = 5\nbatch_size = 10', "delta = 1e-5\nepsilon = 5.0",
      "client"),  # a replaced shard: its record_clip is chosen
+    ('name = "qlsd++"\nstep_size = 1e-3\nbatch_size = 10\nmemory = false\ncompression = {{ bits = 4 }}',
+     "delta = 1e-5\nepsilon = 5.0\nlevel = \"record\"", "record"),  # through the client's clip
 ])
 def test_fa_ld_and_dsgld_meet_a_budget_with_their_builders_defaults(sampler, privacy, level):
     from fedmcmc.app import config
@@ -88,3 +119,4 @@ def test_fa_ld_and_dsgld_meet_a_budget_with_their_builders_defaults(sampler, pri
     _, built = config.from_text(text)
     assert 4.99 < built.privacy[level]["epsilon"] <= 5.0
     assert built.privacy["record_clip" if "dsgld" in sampler else "clip"] is not None
+    assert "qlsd++" not in sampler or built.privacy["client"]["epsilon"] < 5.0  # add/remove vs replace

@@ -1,5 +1,6 @@
 """Clipping: the decoded upload's norm is at most the bound, exactly (QSGD's decoding may be
-longer than its input), the message format and bits are the inner compressor's, and per-record
+longer than its input), on a fixed-point grid too (its rounding may lengthen an upload), the
+message format and bits are the inner compressor's, and per-record
 gradient clipping bounds each record's gradient and leaves values alone."""
 
 import jax
@@ -7,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedmcmc.compression import clipped, identity, quantization
+from fedmcmc.compression import clipped, fixed_point, identity, quantization, resolve_clipped
+from fedmcmc.compression.fixed_point import grid_clip
 from fedmcmc.compression.quantization import dequantize_np
 from fedmcmc.estimators.gradients import weighted_potential_grad
 from fedmcmc.models import clipped_gradients, logistic_regression
@@ -70,3 +72,30 @@ def test_record_clipping_bounds_each_records_gradient_and_keeps_values():
                                -jnp.tensordot(weights, per_record, axes=1), rtol=1e-5, atol=1e-6)
     values = jax.vmap(clip.log_likelihood, (None, 0))(theta, (x, y))
     np.testing.assert_array_equal(values, jax.vmap(model.log_likelihood, (None, 0))(theta, (x, y)))
+
+
+def test_the_clip_holds_for_the_grid_values_the_server_sums():
+    """Inside a fixed_point grid (coarse, 2^-4, so rounding matters) the clip lowered by
+    sqrt(d) 2^-(p+1) bounds the grid value's norm over random uploads and adversarial ones (every
+    coordinate just above a half step, so it rounds up), where the unlowered clip does not; and
+    rounding does lengthen an upload by nearly the whole margin, so no smaller margin holds."""
+    d, p, bound = 16, 4, 1.0
+    margin, safe_clip = np.sqrt(d) * 2.0**-(p + 1), grid_clip(bound, p, d)
+    assert safe_clip == bound - margin
+    rng = np.random.default_rng(4)
+    ks = np.concatenate([rng.integers(0, 6, (4000, d)), np.repeat(np.arange(3)[:, None], d, axis=1)])
+    halves = (ks + 0.5 + 1e-3) * 2.0**-p * rng.choice([-1, 1], ks.shape)
+    halves = halves[np.linalg.norm(halves, axis=1) < safe_clip * (1 - 2**-15)]  # unclipped: they round up
+    random = rng.normal(size=(400, d)) * np.linspace(0.05, 1, 400)[:, None]
+    v = np.concatenate([halves, halves * (bound / np.linalg.norm(halves, axis=1, keepdims=True)), random])
+    v = jnp.asarray(v, jnp.float32)
+    spec = {"fixed_point": {"fraction_bits": p, "max_abs": 4.0}}
+    naive = decoded_norms(fixed_point(clipped(identity(), bound), p, 4.0), v)[2]
+    assert naive.max() > bound + margin / 2  # the grid lengthens uploads clipped at the bound
+    safe = decoded_norms(resolve_clipped(spec, bound, d), v)[2]
+    assert safe.max() <= bound and safe.max() > bound - margin
+    lengthened = safe[:len(halves)] - np.linalg.norm(np.asarray(v[:len(halves)], np.float64), axis=1)
+    assert lengthened.max() > 0.99 * margin
+    assert decoded_norms(resolve_clipped({"bits": 2, **spec}, bound, d), v)[2].max() <= bound
+    with pytest.raises(ValueError, match="raise fixed_point fraction_bits"):
+        resolve_clipped(spec, 0.99 * margin, d)

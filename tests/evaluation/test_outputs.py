@@ -92,6 +92,25 @@ def test_inference_data_follows_the_schema_and_arviz_runs_on_it(written, breast_
     assert az.summary(idata).shape[0] == 30 and az.rhat(idata)["theta"].shape == (30,)
 
 
+def test_release_draws_writes_the_posterior_and_what_the_draws_give_alone(written, breast_cancer, tmp_path):
+    """[privacy] release = "draws": posterior.nc holds the posterior group alone (the same draws),
+    summary.json no bits, no held-out metrics and no client counts; no reliability diagram."""
+    model, draws, tests = breast_cancer
+    inputs = Inputs("classification", [f"f{i}" for i in range(30)], [{"source": "a", "n_train": 9, "n_test": 3}])
+    built = SimpleNamespace(model=model, sampler=SimpleNamespace(name="qlsd#"), tests=tests, inputs=inputs,
+                            step={"value": 0.01, "rule": "given"}, privacy={"release": "draws", "client": {}})
+    summary = write_run(tmp_path, {"sampler": {"step_size": 0.01}}, built, result_of(draws), echo=lambda _: None)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary)) and "bits" not in summary and summary["predictive"] is None
+    assert summary["settings"]["inputs"]["clients"] == [] and summary["settings"]["privacy"]["release"] == "draws"
+    assert not (tmp_path / "reliability.png").exists() and (tmp_path / "trace.png").exists()
+    released = az.from_netcdf(str(tmp_path / "posterior.nc"))
+    assert released.groups() == ["posterior"] and "privacy" in released.attrs
+    full = az.from_netcdf(str(written[0] / "posterior.nc"))
+    assert {"sample_stats", "log_likelihood", "observed_data"} <= set(full.groups())
+    np.testing.assert_array_equal(released.posterior.theta.values, full.posterior.theta.values)
+
+
 def test_log_likelihood_is_the_models_per_point_log_likelihood(written, breast_cancer):
     out, _, _ = written
     model, draws, tests = breast_cancer

@@ -94,6 +94,21 @@ def test_qlsd_sharp_client_level_is_the_gaussian_of_sqrt_2_over_gamma_over_w_c()
     assert account("qlsd#", partial, DELTA)["client"]["epsilon"] == pytest.approx(epsilon(poisson, DELTA), rel=1e-12)
 
 
+def test_qlsd_pp_without_memory_is_qlsd_sharp_and_with_memory_is_refused():
+    """No memory: QLSD#'s rounds at the client level; the record level through C only (the SVRG
+    anchor gradient holds every record, so no minibatch bound even with record_clip)."""
+    sharp = account("qlsd#", SETTING, DELTA)
+    for name, extra in (("qlsd++", {"memory": False}), ("lsd++", {"memory_rate": 0.0}),
+                        ("qlsd++", {"memory_rate": [0.0, 0.0]})):
+        got = account(name, SETTING._replace(record_clip=0.5, compressed=False, extra=extra), DELTA)
+        assert got["client"]["epsilon"] == sharp["client"]["epsilon"]
+        assert got["record"]["epsilon"] == sharp["record"]["epsilon"]  # z / 2, not the minibatch's
+    for extra in ({}, {"memory_rate": 0.5}):
+        assert "memory = false" in account("qlsd++", SETTING._replace(extra=extra), DELTA)["client"]["refused"]
+    no_clip = account("qlsd++", SETTING._replace(clip=None, record_clip=0.5, extra={"memory": False}), DELTA)
+    assert "bound records through [privacy] clip" in no_clip["record"]["refused"]
+
+
 def test_record_level_uses_minibatch_sampling_without_compression():
     s = SETTING._replace(clip=None, record_clip=0.5, compressed=False)
     root = math.sqrt(2 / s.step_size)

@@ -22,10 +22,13 @@ GRID = "{ bits = 4, fixed_point = { fraction_bits = 16, max_abs = 1000.0 } }"
 QLSD_PP_GRID = QLSD_PP.replace("{ bits = 4 }", GRID)
 
 
-def test_masks_cancel_and_a_dropout_is_unmasked_with_the_survivors_seeds():
+def test_double_masks_cancel_a_dropout_is_unmasked_and_a_late_upload_stays_masked():
     """Four clients; the pair secrets agree on both sides; each masked upload looks nothing like
-    its integers; the survivors' sum is unmasked exactly after client 2 drops out, with only the
-    seeds of this round and chain revealed (another round's seed differs)."""
+    its integers; the survivors' sum is unmasked exactly with their self seeds after client 2 drops
+    out, with only the seeds of this round and chain revealed (another round's seed differs).
+    Client 2's late upload with every seed revealed for it stays masked by its self-mask, which no
+    client reveals: a client declared dropped keeps its self seed, and a client answers one
+    dropped set per round and chain (Bonawitz's double masking)."""
     n, d, k, chain, context = 4, 1000, 7, 1, b"run"
     keys = [secagg.keypair() for _ in range(n)]
     secret = {(i, j): secagg.pair_secret(keys[i][0], i, j, keys[j][1], context)
@@ -35,21 +38,38 @@ def test_masks_cancel_and_a_dropout_is_unmasked_with_the_survivors_seeds():
     q = rng.integers(-2 ** 20, 2 ** 20, size=(n, d)).astype(np.int32)
     active = list(range(n))
     seeds = {i: {j: secagg.round_seed(secret[(i, j)], k, chain) for j in active if j != i} for i in active}
-    y = {i: secagg.masked(q[i], i, active, seeds[i]) for i in active}
+    own = {i: secagg.self_seed(keys[i][0], k, chain) for i in active}
+    y = {i: secagg.masked(q[i], i, active, seeds[i], own[i]) for i in active}
     assert all(np.mean(y[i].view(np.int32) == q[i]) < 0.01 for i in active)  # masked
-    np.testing.assert_array_equal(secagg.unmask(y, [], {}), q.sum(axis=0))  # masks cancel
+    np.testing.assert_array_equal(secagg.unmask(y, [], {}, own), q.sum(axis=0))  # masks cancel
     survivors = {i: y[i] for i in active if i != 2}
     revealed = {(j, 2): seeds[j][2] for j in survivors}
-    np.testing.assert_array_equal(secagg.unmask(survivors, [2], revealed), q[[0, 1, 3]].sum(axis=0))
+    np.testing.assert_array_equal(secagg.unmask(survivors, [2], revealed, own), q[[0, 1, 3]].sum(axis=0))
     assert secagg.round_seed(secret[(0, 2)], k + 1, chain) != revealed[(0, 2)]
+    assert secagg.self_seed(keys[0][0], k + 1, chain) != own[0]
     with pytest.raises(KeyError):
-        secagg.unmask(survivors, [2], {})
+        secagg.unmask(survivors, [2], {}, own)
+    pairwise_only = y[2].copy()  # the late upload, its pairwise masks removed with the revealed seeds
+    for j in survivors:
+        m = secagg.mask(revealed[(j, 2)], d)
+        pairwise_only = pairwise_only - m if j > 2 else pairwise_only + m
+    late = pairwise_only.view(np.int32)
+    assert np.mean(late == q[2]) < 0.01  # still hidden by its self-mask
+    np.testing.assert_array_equal(late - secagg.mask(own[2], d).view(np.int32), q[2])  # ... and by it alone
+    answered = secagg.check_reveal([], k, chain, 0, [2])
+    with pytest.raises(ValueError, match="declared dropped"):
+        secagg.check_reveal(answered, k, chain, 2, [2])  # client 2 keeps its self seed
+    with pytest.raises(ValueError, match="was answered for the dropped clients"):
+        secagg.check_reveal(answered, k, chain, 0, [])  # ... and client 0 its other set
+    assert secagg.check_reveal(answered, k, chain, 0, [2]) == answered + [[k, chain, [2]]]  # a repeat is harmless
+    with pytest.raises(ValueError, match="older than"):
+        secagg.check_reveal([[k + secagg.MEMORY + 1, 0, []]], k, chain, 0, [])
     assert set(protocol_seconds(3, 10, repeats=1)) == {"clients_masking", "server_unmasking",
                                                        "server_unmasking_one_dropout"}  # the bench runs
     # sums beyond the int32 range wrap alike in the protocol and in the sampler's int32 sum
     big = np.full((2, 3), 2 ** 30 + 5, np.int32)
     pair = {0: {1: seeds[0][1]}, 1: {0: seeds[1][0]}}
-    wrapped = secagg.unmask({i: secagg.masked(big[i], i, [0, 1], pair[i]) for i in (0, 1)}, [], {})
+    wrapped = secagg.unmask({i: secagg.masked(big[i], i, [0, 1], pair[i], own[i]) for i in (0, 1)}, [], {}, own)
     np.testing.assert_array_equal(wrapped, np.asarray(jnp.sum(jnp.asarray(big), axis=0, dtype=jnp.int32)))
 
 
@@ -80,7 +100,9 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
     it, and the secure run's samples, its server killed in round 3 and resumed from round 2 (the
     clients' keys lost and exchanged again), equal the plain run's bit for bit; without the failure the plain
     run is the simulator's, so the grid is the same chain in every runtime. A malformed masked
-    upload for one chain drops that client from that chain only (its seeds revealed there)."""
+    upload for one chain drops that client from that chain only (its seeds revealed there), with
+    the key advertisements signed by the SuperNodes' keys (unsigned or foreign keys refused). A
+    QLSD# run with [privacy] clip (inside the grid) gives the simulator's samples securely too."""
     class Crash(RuntimeError):
         pass
 
@@ -115,11 +137,39 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
             reply["masked/0"] = [reply["masked/0"][0].astype(np.int64)]
         return reply
 
+    from test_flower_deploy import make_node_keys  # SuperNode authentication keys sign the key advertisements
+
     t = text + "\n[flower]\nsecure_aggregation = true\n"
     server = ServerRuntime(t, tmp_path / "garbled", config.from_text)
-    res = server.run(LocalTransport(t, 3, config.from_text, faults=garble))
+    transport = LocalTransport(t, 3, config.from_text, faults=garble)
+    keys = make_node_keys(tmp_path, 3)
+    (tmp_path / "verify").write_bytes(b"".join(public.read_bytes() + b"\n" for _, public in keys))
+    for i in range(3):
+        transport.stores[i].update(secagg_signing_key=str(keys[i][0]), secagg_verify_keys=str(tmp_path / "verify"))
+    res = server.run(transport)
     assert server.stats["rejected_uploads"] == 1 and server.stats["secagg_recoveries"] == 1
+    assert server.stats["secagg_self_bits"] > 0  # double masking: the survivors' self seeds, every round
+    ask = {"kind": "secagg_reveal", "state_dir": None, "k": 1, "chains": [0], "dropped": [[2]]}
+    with pytest.raises(ValueError, match="declared dropped"):  # client 2's self seed of chain 0 stays secret
+        transport.clients[2].handle(ask, transport.stores[2])
+    with pytest.raises(ValueError, match="was answered for the dropped clients"):  # one set per round and chain
+        transport.clients[0].handle({**ask, "dropped": [[]]}, transport.stores[0])
+    publics = b"".join(secagg.keypair()[1] for _ in range(3))  # a man in the middle's keys, relayed unsigned
+    with pytest.raises(RuntimeError, match="carry no signature"):
+        transport.clients[0].handle({"kind": "secagg_peers", "publics": publics}, transport.stores[0])
+    signatures = [secagg.sign(keys[j][0].read_bytes(), secagg.advert(publics[32 * j:32 * (j + 1)], j, b"x")).hex()
+                  for j in range(3)]  # signed, but not for this run
+    with pytest.raises(RuntimeError, match="client 0's relayed public key is not signed"):
+        transport.clients[1].handle({"kind": "secagg_peers", "publics": publics, "signatures": signatures},
+                                    transport.stores[1])
     assert np.isfinite(res.samples).all() and not np.array_equal(res.samples, runs[False, True])
+    # differential privacy with secure aggregation: QLSD# clipped inside the grid, the simulator's samples
+    private = (text.replace('"qlsd++"', '"qlsd#"').replace("refresh_every = 2\n", "")
+               + "\n[privacy]\ndelta = 1e-5\nclip = 0.05\n")
+    server = ServerRuntime(private + "\n[flower]\nsecure_aggregation = true\n", tmp_path / "dp", config.from_text)
+    res = server.run(LocalTransport(private + "\n[flower]\nsecure_aggregation = true\n", 3, config.from_text))
+    np.testing.assert_array_equal(res.samples, reference(private).samples)
+    assert server.built.privacy["client"]["epsilon"] > 0 and server.built.sampler.name == "qlsd#"
     with pytest.raises(ValueError, match="secure_aggregation needs uploads on a fixed-point grid"):
         ServerRuntime(QLSD_PP + "\n[flower]\nsecure_aggregation = true\n", tmp_path / "no", config.from_text)
     with pytest.raises(ValueError, match="secure_aggregation must be true or false"):

@@ -137,8 +137,9 @@ def _main(args) -> int:
         out = args.out or Path("results") / f"{args.config.stem}-flower-{args.engine}"
         run = launch.run_sim if args.engine == "sim" else launch.run_deploy
         payload = run(args.config, out, clients=args.clients, resume=args.resume)
-        print(f"wrote {out}/results.json and {out}/posterior.nc ({args.engine} engine, "
-              f"{payload['flower']['median_round_seconds']:.2f} s per round); {_accuracy(payload)}")
+        rounds = payload.get("flower")  # not written under [privacy] release = "draws"
+        print(f"wrote {out}/results.json and {out}/posterior.nc ({args.engine} engine"
+              + (f", {rounds['median_round_seconds']:.2f} s per round" if rounds else "") + f"); {_accuracy(payload)}")
         return 0
     if args.command == "bench":
         from fedmcmc.app.bench import run as run_bench

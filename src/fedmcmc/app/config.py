@@ -391,10 +391,9 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
         **extra,
     }
     out = Path(out)
-    io.write_json(out / "results.json", payload)
+    io.write_json(out / "results.json", privacy.released(built.privacy, payload))
     if built.inputs is None:
-        io.write_posterior(out / "posterior.nc", {built.sampler.name: res}, attrs={"config": cfg, **privacy.attrs(built.privacy)})
-        outputs.plot_against_exact(out / "trace.png", res.samples, exact)
+        outputs.write_problem_run(out, cfg, built, res)
     else:
         payload["summary"] = outputs.write_run(out, cfg, built, res)
     return payload

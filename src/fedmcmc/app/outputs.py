@@ -80,7 +80,8 @@ def bits(result: SimulationResult) -> dict:
 def write_outputs(out, result: SimulationResult, model, *, label: str = "run", tests: Sequence[tuple] | None = None,
                   task: str | None = None, feature_names: Sequence[str] | None = None,
                   settings: Mapping | None = None, step_size: float | None = None, max_draws: int = 2000,
-                  num_bins: int = 15, level: float = 0.94, echo: Callable[[str], None] | None = None) -> dict:
+                  num_bins: int = 15, level: float = 0.94, echo: Callable[[str], None] | None = None,
+                  draws_only: bool = False) -> dict:
     """Write ``posterior.nc``, ``summary.json`` and the plots of a run into ``out`` (module docstring).
 
     Parameters
@@ -101,6 +102,9 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
         Draws stored per chain, bins of the ECE and reliability diagram, level of the regression interval.
     echo
         Where the warnings are printed (default: standard error).
+    draws_only
+        Write only the draws and what is computed from them alone (``[privacy] release =
+        "draws"``): no ``sample_stats`` and no bits (give no ``tests``).
 
     Returns
     -------
@@ -116,10 +120,10 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
     conv = diagnostics.convergence(idata)
     metrics, probs = (None, None) if not tests else predictive(model, draws, tests, task, num_bins, level)
     summary = {"sampler": label, "num_chains": int(draws.shape[0]), "num_stored_draws": int(draws.shape[1]),
-               "warnings": conv["warnings"], "convergence": conv, "predictive": metrics, "bits": bits(result),
-               "step_size": step_size, "settings": dict(settings or {})}
+               "warnings": conv["warnings"], "convergence": conv, "predictive": metrics,
+               **({} if draws_only else {"bits": bits(result)}), "step_size": step_size, "settings": dict(settings or {})}
     out = Path(out)
-    io.write_netcdf(out / "posterior.nc", idata)
+    io.write_netcdf(out / "posterior.nc", io.posterior_only(idata) if draws_only else idata)
     io.write_json(out / "summary.json", summary)
     diagnostics.plot_trace(out / "trace.png", draws, conv)
     diagnostics.plot_rank(out / "rank.png", draws, conv)
@@ -139,10 +143,22 @@ def write_run(out, cfg: dict, built, result: SimulationResult, echo: Callable[[s
     and ``step``); the config, the inputs and the step rule are the settings (a step per client,
     DG-SGLD's, is in the settings only: ``sample_stats.step_size`` holds one number)."""
     inputs, step = built.inputs, built.step.get("value")
-    return write_outputs(out, result, built.model, label=built.sampler.name, tests=built.tests, task=inputs.task,
-                         feature_names=inputs.feature_names, step_size=step if np.ndim(step) == 0 else None, echo=echo,
-                         settings={"config": cfg, "inputs": inputs._asdict(), "step": built.step,
-                                   **privacy.attrs(built.privacy)})
+    draws_only = privacy.draws_only(built.privacy)
+    return write_outputs(out, result, built.model, label=built.sampler.name, tests=None if draws_only else built.tests,
+                         task=inputs.task, feature_names=inputs.feature_names, draws_only=draws_only,
+                         step_size=step if np.ndim(step) == 0 else None, echo=echo,
+                         settings=privacy.released(built.privacy, {"config": cfg, "inputs": inputs._asdict(),
+                                                                   "step": built.step, **privacy.attrs(built.privacy)}))
+
+
+def write_problem_run(out, cfg: dict, built, result: SimulationResult) -> None:
+    """``posterior.nc`` and ``trace.png`` (against the exact posterior) of a ``[problem]`` run;
+    under ``[privacy] release = "draws"`` the posterior group alone, and no exact posterior."""
+    attrs = privacy.released(built.privacy, {"config": cfg, **privacy.attrs(built.privacy)})
+    idata = io.to_inference_data({built.sampler.name: result}, attrs, 2000)
+    draws_only = privacy.draws_only(built.privacy)
+    io.write_netcdf(Path(out) / "posterior.nc", io.posterior_only(idata) if draws_only else idata)
+    plot_against_exact(Path(out) / "trace.png", result.samples, None if draws_only else built.exact)
 
 
 def _stderr(line: str) -> None:
@@ -150,15 +166,18 @@ def _stderr(line: str) -> None:
 
 
 def plot_against_exact(path, samples: np.ndarray, exact) -> None:
-    """Trace and histogram of ``theta[0]`` against the exact posterior of a ``[problem]``."""
+    """Trace and histogram of ``theta[0]`` against the exact posterior of a ``[problem]`` (None: without it)."""
     fig, axes = figures.new_figure(ncols=2, figsize=(9, 3.2))
     for c in range(samples.shape[0]):
         axes[0].plot(samples[c, :, 0], lw=0.6)
-    axes[0].axhline(exact.mean[0], color="k", ls="--", lw=1)
+    if exact is not None:
+        axes[0].axhline(exact.mean[0], color="k", ls="--", lw=1)
     axes[0].set_title("trace of theta[0] per chain")
     axes[0].set_xlabel("draw")
     axes[1].hist(samples[..., 0].ravel(), bins=50, density=True, alpha=0.7)
     grid = np.linspace(samples[..., 0].min(), samples[..., 0].max(), 200)
-    axes[1].plot(grid, np.exp(-0.5 * (grid - exact.mean[0]) ** 2 / exact.var) / np.sqrt(2 * np.pi * exact.var), "k--")
-    axes[1].set_title("theta[0]: samples vs exact posterior")
+    if exact is not None:
+        axes[1].plot(grid, np.exp(-0.5 * (grid - exact.mean[0]) ** 2 / exact.var) / np.sqrt(2 * np.pi * exact.var),
+                     "k--")
+    axes[1].set_title("theta[0]: samples" + ("" if exact is None else " vs exact posterior"))
     figures.save_figure(fig, path)

@@ -9,12 +9,16 @@
     clip = 50.0           # C, a client's decoded upload norm (fedmcmc.compression.clipped)
     record_clip = 5.0     # C_r, one record's gradient norm (fedmcmc.models.clipped_gradients)
     accountant = "rdp"    # or "pld"
+    release = "all"       # or "draws": write only what the (epsilon, delta) covers
 
 With a budget and no bound for its level (``clip`` for clients, ``record_clip`` for records),
 the largest bound that meets the budget is chosen; with a bound that misses the budget the run
 is refused, naming the bound and the number of rounds that would meet it. The run's results
 record ``privacy``: the bounds, the rounds and both levels' (epsilon, delta), or why a level
-has none (:func:`fedmcmc.privacy.account`).
+has none (:func:`fedmcmc.privacy.account`), and ``not_covered``: what the outputs hold that the
+(epsilon, delta) does not cover. ``release = "draws"`` strips those from the outputs
+(:func:`released`; ``posterior.nc`` keeps its ``posterior`` group alone) and refuses a run whose
+draws themselves depend on the data without noise (an "auto" step, standardised ``[data]``).
 """
 
 from __future__ import annotations
@@ -23,18 +27,32 @@ import math
 
 import numpy as np
 
-from fedmcmc.compression import clipped, identity
+from fedmcmc.compression import resolve_clipped
 from fedmcmc.models import clipped_gradients
 
 # fedmcmc.privacy (dp-accounting, scipy.signal: seconds of imports) is imported by the functions that
 # account, so that a run without [privacy] and a Flower node do not pay for it
 
-__all__ = ["KEYS", "settle", "attrs"]
+__all__ = ["KEYS", "RELEASES", "settle", "attrs", "draws_only", "released"]
 
 #: Released quantities that depend on the data and that the accountant does not cover (docs/privacy.md).
-_UNCOVERED = ["sample_stats bits_up, bits_down and active_clients", "the data's scaling and split",
-              "what the server sees of each upload"]
-KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant"}
+_UNCOVERED = ["sample_stats bits_up, bits_down and active_clients", "the bits and participation in results.json and "
+              "summary.json", "the held-out points (log_likelihood, observed_data, predictive metrics, "
+              "reliability.png)", "each client's counts (inputs.clients)", "the data's scaling and split",
+              "timings and a Flower run's counts", "what the server sees of each upload"]
+#: What release = "draws" still writes that the accountant does not cover (what it cannot strip is refused).
+_DRAWS_UNCOVERED = ["the seed: 32 bits (JAX's PRNGKey) of a secret; the run folder's config.toml and chunks/ "
+                    "(the checkpoint) hold it and everything else: keep them private",
+                    "the data's schema (feature names; the task and the classes where [data] does not declare them)",
+                    "floating-point rounding of the noise and the sums (the mechanisms are analysed over the reals)",
+                    "what the server sees of each upload (secure_aggregation: only their sum)"]
+#: Keys of results.json and summary.json (and of their settings and inputs) that release = "draws" writes:
+#: the settings, the (epsilon, delta) and functions of the draws alone.
+_RELEASED = {"config", "sampler", "num_draws", "diagnostics", "step", "privacy", "inputs", "num_chains",
+             "num_stored_draws", "warnings", "convergence", "step_size", "settings", "task", "num_classes",
+             "feature_names", "class_names", "scaling", "input_shape"}
+RELEASES = ("all", "draws")
+KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant", "release"}
 
 
 def _positive(section: dict, key: str, error) -> float | None:
@@ -55,7 +73,24 @@ def _checked(section: dict, error) -> dict:
         raise error(f"[privacy] level must be one of {LEVELS} (got {p['level']!r})")
     if p["accountant"] not in ACCOUNTANTS:
         raise error(f"[privacy] accountant must be one of {ACCOUNTANTS} (got {p['accountant']!r})")
+    p["release"] = section.get("release", "all")
+    if p["release"] not in RELEASES:
+        raise error(f"[privacy] release must be one of {RELEASES} (got {p['release']!r})")
     return p
+
+
+def _draws_only(cfg: dict, error) -> None:
+    """Refuse release = "draws" for a run whose draws depend on the data without noise, or whose
+    noise is public (the default seed)."""
+    if "seed" not in cfg["run"]:
+        raise error('[privacy] release = "draws" needs a secret [run] seed: the noise is drawn from it (the default, '
+                    "0, is public); it is left out of the outputs")
+    if cfg["sampler"].get("step_size") == "auto":
+        raise error('[privacy] release = "draws" needs a numeric [sampler] step_size: "auto" reads the curvature '
+                    "at the mode, computed from the data without noise")
+    if "data" in cfg and cfg["data"].get("standardise", True):
+        raise error('[privacy] release = "draws" needs [data] standardise = false: the scaling is computed from '
+                    "the data without noise (scale the inputs with public constants beforehand)")
 
 
 def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict):
@@ -73,7 +108,8 @@ def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict):
                    None if batch is None else tuple(np.atleast_1d(batch).tolist()),
                    tuple(np.atleast_1d(probs).tolist()), scaling,
                    compressor is not None and compressor.name != "identity",
-                   {key: args[key] for key in ("weights", "correlation", "local_steps", "debiased", "probs")
+                   {key: args[key] for key in ("weights", "correlation", "local_steps", "debiased", "probs", "memory",
+                                               "memory_rate")
                     if key in args})  # a key not set keeps the builder's default, the mapping's too
 
 
@@ -152,18 +188,41 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
     if s.record_clip is not None:
         args["model"] = clipped_gradients(args["model"], s.record_clip)
     if s.clip is not None and "compressor" in args:
-        if getattr(args["compressor"], "aggregate", None) is not None:
-            raise error("[privacy] clip cannot yet bound uploads on a fixed_point grid (its rounding can lengthen a "
-                        "clipped upload); drop compression's fixed_point, or clip records with record_clip")
-        args["compressor"] = clipped(args["compressor"] or identity(), s.clip)
+        try:  # on a fixed_point grid, inside it: the bound holds for the grid values the server sums
+            args["compressor"] = resolve_clipped(cfg["sampler"].get("compression"), s.clip, args["model"].dim)
+        except ValueError as err:
+            raise error(f"[privacy] clip: {err}") from None
     levels = account(name, s, p["delta"], p["accountant"])
-    uncovered = _UNCOVERED + (["step_size = \"auto\" (the curvature at the mode)"]
-                              if cfg["sampler"].get("step_size") == "auto" else [])
+    if p["release"] == "draws":
+        _draws_only(cfg, error)
+        uncovered = _DRAWS_UNCOVERED
+    else:
+        uncovered = _UNCOVERED + (["step_size = \"auto\" (the curvature at the mode)"]
+                                  if cfg["sampler"].get("step_size") == "auto" else [])
     budget = None if p["epsilon"] is None else {"epsilon": p["epsilon"], "level": p["level"]}
     return args, {"clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "accountant": p["accountant"],
-                  "budget": budget, **levels, "not_covered": uncovered}
+                  "budget": budget, **levels, "release": p["release"], "not_covered": uncovered}
 
 
 def attrs(record: dict | None) -> dict:
     """``{"privacy": record}`` for a run's settings, nothing without ``[privacy]``."""
     return {} if record is None else {"privacy": record}
+
+
+def draws_only(record: dict | None) -> bool:
+    """Whether the run's outputs are to hold only what the accountant covers (``release = "draws"``)."""
+    return record is not None and record.get("release") == "draws"
+
+
+def released(record: dict | None, payload: dict) -> dict:
+    """``payload`` (results.json, summary.json) as written: whole, or under ``release = "draws"``
+    only the keys of ``_RELEASED`` (the settings, the (epsilon, delta) and functions of the draws),
+    in its ``settings`` and ``inputs`` too (whose ``clients``, the counts, become ``[]``), and
+    the config without ``[run] seed``."""
+    if not draws_only(record):
+        return payload
+    out = {key: released(record, value) if key in ("settings", "inputs") and isinstance(value, dict) else value
+           for key, value in payload.items() if key in _RELEASED}
+    if isinstance(out.get("config"), dict) and "run" in out["config"]:  # the noise is drawn from the seed: secret
+        out["config"] = {**out["config"], "run": {k: v for k, v in out["config"]["run"].items() if k != "seed"}}
+    return {**out, "clients": []} if "clients" in payload else out  # inputs: the counts out, the fields kept

@@ -14,7 +14,8 @@ Compressors (:class:`~fedmcmc.core.base.Compressor`; each owns its message)
 * :func:`fixed_point` -- puts any compressor's decoded messages on a shared fixed-point grid,
   so that the server sums integers (exactly; what secure aggregation needs);
   :func:`weighted_sum` is how a server sums a compressor's messages.
-* :func:`resolve_compressor` -- a compressor from a configuration value.
+* :func:`resolve_compressor` -- a compressor from a configuration value; :func:`resolve_clipped`
+  the same with its uploads clipped where the server sums them (inside a fixed-point grid).
 
 Messages on the wire (:mod:`fedmcmc.compression.codec`)
 
@@ -32,7 +33,7 @@ same name as attributes of this package; import submodule contents with
 ``from fedmcmc.compression.quantization import ...``.
 """
 
-from fedmcmc.compression._spec import resolve_compressor
+from fedmcmc.compression._spec import resolve_clipped, resolve_compressor
 from fedmcmc.compression.clipping import clipped
 from fedmcmc.compression.codec import Decoded, Encoded, decode, encode, is_message, message_bits
 from fedmcmc.compression.fixed_point import FixedPointMessage, fixed_point, weighted_sum
@@ -55,6 +56,7 @@ __all__ = [
     "FixedPointMessage",
     "weighted_sum",
     "resolve_compressor",
+    "resolve_clipped",
     "QuantizationState",
     "QSGDMessage",
     "quantization_omega",

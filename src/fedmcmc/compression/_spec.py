@@ -1,4 +1,4 @@
-"""A compressor from a configuration value: :func:`resolve_compressor`."""
+"""A compressor from a configuration value: :func:`resolve_compressor`, and :func:`resolve_clipped`."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from fedmcmc.compression.fixed_point import fixed_point
+from fedmcmc.compression.clipping import clipped
+from fedmcmc.compression.fixed_point import fixed_point, grid_clip
 from fedmcmc.compression.identity import identity
 from fedmcmc.compression.quantization import MAX_BITS, quantization
 from fedmcmc.core.base import Compressor
 
-__all__ = ["resolve_compressor"]
+__all__ = ["resolve_compressor", "resolve_clipped"]
 
 _SPEC_HELP = (
     'use None, "none", "identity" or 0 for no compression; an integer s >= 1 for s '
@@ -36,6 +37,28 @@ def _bits_to_levels(bits):
             raise ValueError('{"bits": [...]} needs at least one entry')
         return [one(p, f"[{i}]") for i, p in enumerate(values)]
     return one(bits)
+
+
+def _grid(spec) -> tuple:
+    """``(the spec without its fixed_point key, the grid mapping or None)``."""
+    if not isinstance(spec, Mapping) or "fixed_point" not in spec:
+        return spec, None
+    grid = spec["fixed_point"]
+    if not isinstance(grid, Mapping) or set(grid) != {"fraction_bits", "max_abs"}:
+        raise ValueError(f"fixed_point must be {{fraction_bits = p, max_abs = M}} (got {grid!r})")
+    return {k: v for k, v in spec.items() if k != "fixed_point"} or None, grid
+
+
+def resolve_clipped(spec, bound: float, dim: int) -> Compressor:
+    """:func:`resolve_compressor`'s compressor for ``spec`` whose uploads, as the server sums them,
+    have norm at most ``bound``: :func:`~fedmcmc.compression.clipped` around it, or, for a spec
+    with ``fixed_point``, inside the grid with the bound lowered by the grid's rounding
+    (:func:`~fedmcmc.compression.fixed_point.grid_clip`, for uploads of dimension ``dim``)."""
+    rest, grid = _grid(spec)
+    if grid is None:
+        return clipped(resolve_compressor(spec), bound)
+    inner = clipped(resolve_compressor(rest), grid_clip(bound, grid["fraction_bits"], dim))
+    return fixed_point(inner, grid["fraction_bits"], grid["max_abs"])
 
 
 def resolve_compressor(spec) -> Compressor:
@@ -75,12 +98,9 @@ def resolve_compressor(spec) -> Compressor:
         return identity()
     if isinstance(spec, (int, float, np.integer, np.floating)):
         return quantization(spec)  # validates: integer >= 1
-    if isinstance(spec, Mapping) and "fixed_point" in spec:
-        grid = spec["fixed_point"]
-        if not isinstance(grid, Mapping) or set(grid) != {"fraction_bits", "max_abs"}:
-            raise ValueError(f"fixed_point must be {{fraction_bits = p, max_abs = M}} (got {grid!r})")
-        rest = {k: v for k, v in spec.items() if k != "fixed_point"}
-        return fixed_point(resolve_compressor(rest or None), grid["fraction_bits"], grid["max_abs"])
+    rest, grid = _grid(spec)
+    if grid is not None:
+        return fixed_point(resolve_compressor(rest), grid["fraction_bits"], grid["max_abs"])
     if isinstance(spec, Mapping):
         keys = set(spec)
         if keys == {"bits"}:

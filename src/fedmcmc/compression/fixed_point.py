@@ -26,10 +26,16 @@ beyond ``M`` (a bias, only where ``|x_j| > M``): choose ``M`` above the uploads'
 as large as ``b B < 2^31`` allows. The weights of the active clients must be equal
 (:func:`check_uniform`): participation ``scaling = "active"`` or one ``p`` for all, and one
 memory rate for all.
+
+A norm bound ``C`` on what the server sums (differential privacy, :mod:`fedmcmc.privacy`) must
+hold for the grid value ``q 2^-p``, not for ``x``: rounding can lengthen a vector.
+:func:`grid_clip` gives the bound ``C'`` to clip ``x`` to (:func:`fedmcmc.compression.clipped`
+inside the grid) so that ``||q 2^-p|| <= C``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -39,7 +45,7 @@ import numpy as np
 from fedmcmc.core.base import Compressor
 from fedmcmc.core.types import Array, PRNGKey
 
-__all__ = ["FixedPointMessage", "fixed_point", "grid_bound", "weighted_sum", "check_uniform"]
+__all__ = ["FixedPointMessage", "fixed_point", "grid_bound", "grid_clip", "weighted_sum", "check_uniform"]
 
 #: The largest ``fraction_bits`` (float32 keeps ``x 2^p`` exact up to this).
 MAX_FRACTION_BITS = 30
@@ -76,6 +82,37 @@ def grid_bound(fraction_bits: int, max_abs: float) -> int:
         raise ValueError(f"fixed_point max_abs * 2**fraction_bits = {bound} must lie in [1, 2**31); "
                          "lower fraction_bits or max_abs")
     return bound
+
+
+def grid_clip(bound: float, fraction_bits: int, dim: int) -> float:
+    """The clip ``C' = C - sqrt(d) 2^-(p+1)`` of ``x`` under which every grid value has norm ``<= C``.
+
+    Claim: if ``||x|| <= C'`` (exactly, for the float32 vector ``x`` that :func:`fixed_point`
+    receives, as :func:`fedmcmc.compression.clipped` guarantees), then
+    ``||q 2^-p|| <= C`` with ``q = clip(round(x 2^p), -B, B)``.
+
+    Proof: ``y = x 2^p`` is exact (a power of two; no float32 overflow or underflow for
+    ``|x_j| <= C' < 2^97``), and rounding to the nearest integer (any tie rule, NumPy's and
+    XLA's round half to even included) gives ``|round(y_j)| <= |y_j| + 1/2``; clipping to
+    ``[-B, B]`` can only lower ``|q_j|``. So ``|q_j| <= |y_j| + 1/2`` for every ``j``, and by the
+    triangle inequality in ``R^d``, ``||q|| <= || |y| + 1/2 || <= ||y|| + sqrt(d) / 2``. Multiplying
+    by ``2^-p``: ``||q 2^-p|| <= ||x|| + sqrt(d) 2^-(p+1) <= C' + sqrt(d) 2^-(p+1) = C``. The margin
+    is the least that holds for every ``x``: ``x_j = (k + 1/2 + e) 2^-p`` rounds up in every
+    coordinate, lengthening ``x`` by ``sqrt(d) 2^-(p+1)`` as ``e -> 0``
+    (``tests/compression/test_clipping.py``). The server's sum of such ``q`` is exact in int32;
+    it becomes float32 exactly while ``|S| <= 2^24``, beyond which its conversion rounds like any
+    float sum of the run.
+
+    Raises
+    ------
+    ValueError
+        If ``C' <= 0``: the grid's rounding alone could exceed ``C`` (raise ``fraction_bits``).
+    """
+    margin = math.sqrt(dim) * 2.0 ** -(fraction_bits + 1)
+    if not bound > margin:
+        raise ValueError(f"a clip of {bound:g} cannot hold on the grid 2**-{fraction_bits}: rounding {dim} "
+                         f"coordinates can add {margin:.3g} to a norm; raise fixed_point fraction_bits or the clip")
+    return bound - margin
 
 
 def fixed_point(compressor: Compressor, fraction_bits: int, max_abs: float) -> Compressor:

@@ -20,7 +20,8 @@ post-processing of the whole trajectory, and standard composition bounds nothing
 (Privacy amplification by iteration, Feldman et al. 2018, would need a contractive chain and
 is not used.)
 
-**The mappings** (``C`` the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`;
+**The mappings** (``C`` the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`,
+or on its grid value on a fixed-point grid, :func:`fedmcmc.compression.resolve_clipped`;
 ``C_r`` the per-record gradient bound, :func:`fedmcmc.models.clipped_gradients`; client ``i`` with
 ``N_i`` records, minibatches of ``n_i``; ``w_i`` its weight in the server's sum):
 
@@ -54,9 +55,22 @@ is not used.)
   ``rounds L`` steps. Client level, here *replacing* a shard's data (a shard is part of the
   chain's route, so it cannot be removed): ``Delta = h N_s C_r / f_s``,
   ``z = f_s / (sqrt(h) N_s C_r)``. The shard choice is not used to amplify (conservative).
+* QLSD++ and LSD++ without memory (``memory = false`` or ``memory_rate = 0``): the server's
+  memory sum ``eta`` stays 0, so a round is ``theta - gamma [grad U_0 + sum_{i in A} w_i Delta_i]
+  + sqrt(2 gamma) Z`` with ``Delta_i`` client ``i``'s clipped message, ``||Delta_i|| <= C``. Its
+  input ``H_i`` is the SVRG estimate at the anchor ``zeta``: a function of the client's data, of
+  ``theta_k``, of ``zeta`` (an earlier ``theta``, a round the accountant counts as released; a
+  client that missed a refresh catches up at the anchor the server sends) and of the round's
+  fresh minibatch; the anchor gradient ``grad U_i(zeta)`` it keeps between rounds is a function
+  of its data and ``zeta``. So, given the released trajectory, the round is QLSD#'s Gaussian
+  mechanism with the same ``z = sqrt(2 / gamma) / (w_i C)`` at the client level (same
+  participation rules). Record level: through ``C`` only (``z / 2``): the anchor term holds
+  every record in every round, so the minibatch does not amplify and ``record_clip`` gives no
+  bound of its own.
 * Refused, with the reason: QLSD*/LSD* (the mode and the server's constant are computed from
-  the data without noise), QLSD++/LSD++ (memory terms and SVRG anchors carry earlier rounds'
-  gradients that one message's clip does not bound), FA-HMC and FA-LD with ``T > 1`` (hidden
+  the data without noise), QLSD++/LSD++ with memory (the memory ``eta_i = alpha sum_l Delta_i^l``
+  that the server adds every round carries all of a client's earlier messages, so a round's
+  contribution ``eta_i + w_i Delta_i`` is not bounded by one message's clip), FA-HMC and FA-LD with ``T > 1`` (hidden
   local steps: the released average is not a Gaussian mechanism), CG-DSGLD (surrogates fitted
   without noise), DG-SGLD, pSGLD, FedAvg (not analysed here, or no noise).
 
@@ -98,7 +112,7 @@ class Setting(NamedTuple):
         Whether uploads are compressed (not the identity).
     extra
         Sampler settings a mapping reads (FA-LD: ``weights``, ``correlation``, ``local_steps``,
-        ``debiased``; DSGLD: ``probs``, ``local_steps``).
+        ``debiased``; DSGLD: ``probs``, ``local_steps``; QLSD++: ``memory``, ``memory_rate``).
     """
 
     step_size: float
@@ -205,13 +219,26 @@ def _refuse(reason: str) -> Callable[[Setting], Bounds]:
 
 
 _MODE = "the mode theta* and the server's constant sum_i grad U_i(theta*) are computed from the data without noise"
-_STATE = "memory terms and SVRG anchors carry earlier rounds' gradients, which one message's clip does not bound"
+_STATE = ("its memory terms carry every earlier message of a client, which one message's clip does not bound; "
+          "set [sampler] memory = false (QLSD++) or memory_rate = 0 (LSD++)")
+
+
+def _qlsd_pp(s: Setting) -> Bounds:
+    """QLSD++ / LSD++ without memory: QLSD#'s client level; the record level through ``C`` only."""
+    rate = s.extra.get("memory_rate")
+    if s.extra.get("memory", True) and not (rate is not None and np.all(np.asarray(rate, float) == 0)):
+        return {"client": [_STATE], "record": [_STATE]}
+    bounds = _qlsd_sharp(s._replace(record_clip=None))  # the anchor term holds every record: no minibatch bound
+    if isinstance(bounds["record"][0], str) and s.clip is None:
+        bounds["record"] = ["its SVRG anchor gradient holds every record in every round: bound records through "
+                            "[privacy] clip"]
+    return bounds
 _HIDDEN = "hidden local steps: the released average is not a Gaussian mechanism of one client's data"
 
 #: Registered sampler name -> its mapping (see the module docstring).
 MAPPINGS: dict[str, Callable[[Setting], Bounds]] = {
     "qlsd#": _qlsd_sharp, "sgld": _sgld, "fa-ld": _fa_ld,
-    "qlsd*": _refuse(_MODE), "lsd*": _refuse(_MODE), "qlsd++": _refuse(_STATE), "lsd++": _refuse(_STATE),
+    "qlsd*": _refuse(_MODE), "lsd*": _refuse(_MODE), "qlsd++": _qlsd_pp, "lsd++": _qlsd_pp,
     "fa-hmc": _refuse(_HIDDEN + " (FA-LD with local_steps = 1 is accounted)"),
     "dsgld": _dsgld,
     "cg-dsgld": _refuse("the shards' Gaussian surrogates are computed from the data without noise"),
@@ -222,7 +249,8 @@ MAPPINGS: dict[str, Callable[[Setting], Bounds]] = {
 
 #: The bound that sets each level's epsilon, where it is not ``clip`` for clients and ``record_clip``
 #: for records (what a budget chooses).
-KNOBS = {"dsgld": {"client": "record_clip", "record": "record_clip"}}
+KNOBS = {"dsgld": {"client": "record_clip", "record": "record_clip"}, "qlsd++": {"record": "clip"},
+         "lsd++": {"record": "clip"}}
 
 
 def knob(name: str, level: str) -> str:

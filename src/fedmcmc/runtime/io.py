@@ -197,6 +197,12 @@ def _attr(value):
     return value
 
 
+def posterior_only(idata):
+    """``idata`` with its ``posterior`` group alone (and its attributes): no ``sample_stats``,
+    no held-out points (what a privacy release may publish, docs/privacy.md)."""
+    return _arviz().InferenceData(posterior=idata.posterior, attrs=dict(idata.attrs))
+
+
 def write_posterior(path: str | os.PathLike, results: Mapping[str, SimulationResult],
                     attrs: Mapping | None = None, max_draws: int | None = 2000, **one_run: Any) -> Path:
     """Write ``posterior.nc`` (netCDF through h5netcdf) and return its path; ``one_run`` holds the

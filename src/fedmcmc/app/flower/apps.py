@@ -202,6 +202,9 @@ def handle(msg: Message, context: Context) -> Message:
     store = dict(context.state[META]) if META in context.state else {}
     if store.get("config") not in (None, client.config_hash(text)):
         store = {}  # a new run with another config on this node
+    for name in ("secagg-signing-key", "secagg-verify-keys"):  # signed key advertisements (paths)
+        if context.node_config.get(name):
+            store[name.replace("-", "_")] = str(context.node_config[name])
     fault = _faults(context.node_config).get(m.get("k")) if m["kind"] == "round" else None
     if fault == "fail":
         raise RuntimeError(f"client {index}: injected failure in round {m['k']}")

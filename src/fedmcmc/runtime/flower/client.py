@@ -14,6 +14,7 @@ this layer knows nothing of the config format.
 from __future__ import annotations
 
 import hashlib
+import json
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -209,26 +210,52 @@ class ClientRuntime:
     def _secagg(self, kind: str, msg: dict, store: dict, state_dir: Path | None) -> dict:
         """The key exchange of secure aggregation (:mod:`fedmcmc.runtime.flower.secagg`): make a key
         pair (``secagg_keys``), keep the peers' public keys (``secagg_peers``), or reveal this
-        client's seeds of one round with the clients that dropped out (``secagg_reveal``)."""
+        client's self seeds of one round and its seeds with the clients that dropped out
+        (``secagg_reveal``), under :func:`~fedmcmc.runtime.flower.secagg.check_reveal`'s rule."""
         if kind == "secagg_keys":
             private, public = secagg.keypair()
             store.update(secagg_private=private, secagg_publics=b"")
-            return {"public": public}
+            if not store.get("secagg_signing_key"):
+                return {"public": public}
+            signing = Path(store["secagg_signing_key"]).read_bytes()
+            return {"public": public, "signature": secagg.sign(signing, secagg.advert(public, self.index,
+                                                                                      self.key.encode())).hex()}
         if kind == "secagg_peers":
-            store["secagg_publics"] = bytes(msg["publics"])
+            if store.get("secagg_verify_keys"):
+                self._check_keys(bytes(msg["publics"]), msg.get("signatures"), Path(store["secagg_verify_keys"]))
+            store.update(secagg_publics=bytes(msg["publics"]), secagg_answered="[]")  # new keys: a fresh record
             if state_dir is not None:  # a node that restarts keeps its keys
                 folder = state_dir / f"client{self.index}"
                 folder.mkdir(parents=True, exist_ok=True)
                 save_npz(folder / "secagg.npz", private=np.frombuffer(store["secagg_private"], np.uint8),
                          publics=np.frombuffer(store["secagg_publics"], np.uint8))
             return {"ok": 1}
-        if kind == "secagg_reveal":
-            k = int(msg["k"])
-            return {"seeds": b"".join(self._seed(store, state_dir, int(u), k, int(c)) for c, u in msg["pairs"])}
+        if kind == "secagg_reveal":  # per chain: the self seed, and the seeds with the dropped clients
+            k, answered = int(msg["k"]), json.loads(store.get("secagg_answered", "[]"))
+            for c, dropped in zip(msg["chains"], msg["dropped"]):
+                answered = secagg.check_reveal(answered, k, int(c), self.index, dropped)  # raises: no reply
+            store["secagg_answered"] = json.dumps(answered)
+            private = self._keys(store, state_dir)[0]
+            return {"self": b"".join(secagg.self_seed(private, k, int(c)) for c in msg["chains"]),
+                    "seeds": b"".join(self._seed(store, state_dir, int(u), k, int(c))
+                                      for c, dropped in zip(msg["chains"], msg["dropped"]) for u in dropped)}
         raise ValueError(f"unknown message kind {kind!r}")
 
-    def _seed(self, store: dict, state_dir: Path | None, peer: int, k: int, chain: int) -> bytes:
-        """This client's seed with ``peer`` in round ``k`` and chain ``chain``."""
+    def _check_keys(self, publics: bytes, signatures, verify_keys: Path) -> None:
+        """Refuse the relayed public keys unless each is signed by its client's SuperNode key, one
+        OpenSSH public key a line of ``verify_keys`` in client order (a man in the middle swaps them)."""
+        lines = [line for line in verify_keys.read_bytes().splitlines() if line.strip()]
+        if len(lines) != self.b or not isinstance(signatures, list) or len(signatures) != self.b:
+            raise RuntimeError(f"client {self.index}: the relayed keys carry no signature of every client's SuperNode "
+                               f"key (or {verify_keys} has not {self.b} keys); refusing to mask with them")
+        for j, line in enumerate(lines):
+            public = publics[j * secagg.KEY_BYTES:(j + 1) * secagg.KEY_BYTES]
+            if not secagg.verify(line, secagg.advert(public, j, self.key.encode()), bytes.fromhex(signatures[j])):
+                raise RuntimeError(f"client {self.index}: client {j}'s relayed public key is not signed by its "
+                                   "SuperNode key; refusing to mask with it")
+
+    def _keys(self, store: dict, state_dir: Path | None) -> tuple[bytes, bytes]:
+        """``(private key, the peers' public keys)``, from the node's state folder after a restart."""
         if not store.get("secagg_publics"):
             path = state_dir / f"client{self.index}" / "secagg.npz" if state_dir else None
             if path is None or not path.exists():
@@ -236,10 +263,14 @@ class ClientRuntime:
                                    "state folder); it is inactive until the run is resumed")
             with np.load(path) as z:
                 store.update(secagg_private=z["private"].tobytes(), secagg_publics=z["publics"].tobytes())
-        publics = store["secagg_publics"]
+        return store["secagg_private"], store["secagg_publics"]
+
+    def _seed(self, store: dict, state_dir: Path | None, peer: int, k: int, chain: int) -> bytes:
+        """This client's seed with ``peer`` in round ``k`` and chain ``chain``."""
+        private, publics = self._keys(store, state_dir)
         public = publics[peer * secagg.KEY_BYTES:(peer + 1) * secagg.KEY_BYTES]
         cache = self.__dict__.setdefault("_secrets", {})
-        pair = (store["secagg_private"], public)
+        pair = (private, public)
         if pair not in cache:
             cache[pair] = secagg.pair_secret(pair[0], self.index, peer, public, self.key.encode())
         return secagg.round_seed(cache[pair], k, chain)
@@ -253,7 +284,8 @@ class ClientRuntime:
         for c in chains:
             peers = [int(j) for j in np.flatnonzero(active[c])]
             seeds = {j: self._seed(store, state_dir, j, k, c) for j in peers if j != self.index}
-            reply[f"masked/{c}"] = [secagg.masked(np.asarray(up.value)[c, 0], self.index, peers, seeds)]
+            own = secagg.self_seed(self._keys(store, state_dir)[0], k, c)
+            reply[f"masked/{c}"] = [secagg.masked(np.asarray(up.value)[c, 0], self.index, peers, seeds, own)]
         return reply
 
     def _restore(self, state_dir: Path | None, k: int, store: dict) -> None:

@@ -20,9 +20,9 @@ every chunk of rounds; each node writes its own state every round to its state f
 a restarted server resumes (``resume=True``) with the same samples as an uninterrupted run.
 
 Secure aggregation (``[flower] secure_aggregation = true``, :mod:`~fedmcmc.runtime.flower.secagg`):
-the clients upload masked grid integers; the server unmasks each chain's sum of the active
-clients' (asking the survivors for their seeds with a client that dropped out) and hands it to
-the same ``server_step``, so the samples are the plain run's.
+the clients upload double-masked grid integers; the server unmasks each chain's sum of the
+active clients' (asking the survivors for their self seeds and their seeds with a client that
+dropped out) and hands it to the same ``server_step``, so the samples are the plain run's.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class ServerRuntime:
         if not isinstance(self.secure, bool):
             raise ValueError(f"[flower] secure_aggregation must be true or false (got {self.secure!r})")
         if self.secure:
-            self.stats.update(secagg_bits_up=0, secagg_bits_down=0, secagg_recoveries=0)
+            self.stats.update(secagg_bits_up=0, secagg_bits_down=0, secagg_recoveries=0, secagg_self_bits=0)
         self.chain_keys = chain_keys(self.seed, np.arange(self.C))
         self._compile(data)
 
@@ -296,17 +296,21 @@ class ServerRuntime:
         publics = b"".join(bytes(replies[i]["public"]) for i in range(self.b))
         if len(publics) != self.b * secagg.KEY_BYTES:
             raise RuntimeError("a client sent a public key of the wrong length")
-        self._all(transport, {i: self._message("secagg_peers", publics=publics) for i in range(self.b)}, "keys")
-        self.stats["secagg_bits_up"] += 8 * len(publics)
-        self.stats["secagg_bits_down"] += 8 * len(publics) * self.b
+        signatures = [str(replies[i].get("signature", "")) for i in range(self.b)]  # relayed as they came
+        signed = {"signatures": signatures} if any(signatures) else {}
+        self._all(transport, {i: self._message("secagg_peers", publics=publics, **signed) for i in range(self.b)},
+                  "keys")
+        sent = 8 * len(publics) + 4 * sum(len(x) for x in signatures)  # a signature's hex digit: 4 bits
+        self.stats["secagg_bits_up"] += sent
+        self.stats["secagg_bits_down"] += sent * self.b
 
     def _collect_secure(self, transport, k, mask, messages, replies, uploads, effective, bits):
         """Unmask each chain's sum of its surviving clients' integers and hand it to the sampler as
-        the first survivor's ``offset`` (every other message zero); dropped clients' masks are
-        removed with the seeds the survivors reveal (one more exchange, only then). A client's
-        upload bits are its masked words, ``32 d``."""
+        the first survivor's ``offset`` (every other message zero): the survivors reveal their
+        self seeds and their seeds with the dropped clients (one more exchange, :meth:`_reveal`).
+        A client's upload bits are its masked words, ``32 d``."""
         size = int(np.prod(self.up_parts[0].value.shape))
-        got, asks = {}, {}
+        got = {}
         for i in messages:
             reply = self._reply(replies, k, i)
             if reply is None:
@@ -320,17 +324,14 @@ class ServerRuntime:
                 except (MalformedUpload, KeyError, TypeError, IndexError, ValueError) as err:
                     self.stats["rejected_uploads"] += 1
                     log.warning("round %d: rejected the upload of client %d for chain %d: %s", k, i, c, err)
-        dropped = {c: [i for i in np.flatnonzero(mask[c]) if (c, i) not in got] for c in range(self.C)}
-        for (c, j) in got:
-            if dropped[c]:
-                asks.setdefault(j, []).extend([c, int(u)] for u in dropped[c])
-        revealed = self._reveal(transport, k, asks) if asks else {}
+        dropped = {c: [int(i) for i in np.flatnonzero(mask[c]) if (c, i) not in got] for c in range(self.C)}
+        own, revealed = self._reveal(transport, k, sorted(got), dropped) if got else ({}, {})
         offset = len(self.up_leaves) - 1  # the last leaf of a FixedPointMessage
         for c in range(self.C):
             survivors = [i for i in range(self.b) if (c, i) in got]
             try:
-                total = secagg.unmask({i: got[(c, i)] for i in survivors}, dropped[c], revealed.get(c, {})) \
-                    if survivors else None
+                total = secagg.unmask({i: got[(c, i)] for i in survivors}, dropped[c], revealed.get(c, {}),
+                                      own.get(c, {})) if survivors else None
             except KeyError:
                 log.warning("round %d: chain %d's sum could not be unmasked; no client applied", k, c)
                 continue
@@ -341,19 +342,30 @@ class ServerRuntime:
                 effective[c, i], bits[c, i] = True, 32 * size
                 self.stats["secagg_bits_up"] += 32 * size
 
-    def _reveal(self, transport, k, asks: dict) -> dict:
-        """``{(j, u): seed}``: survivor ``j``'s seed with dropped client ``u`` of round ``k``, per
-        chain (a missing seed leaves that chain's sum masked)."""
-        replies = transport.exchange({j: self._message("secagg_reveal", k=k, pairs=pairs) for j, pairs in asks.items()},
-                                     self.flower["round_timeout"])
-        out = {}
-        for j, pairs in asks.items():
-            seeds = (replies.get(j) or {}).get("seeds", b"")
-            if len(seeds) == secagg.KEY_BYTES * len(pairs):
-                self.stats["secagg_bits_up"] += 8 * len(seeds)
-                for n, (c, u) in enumerate(pairs):
-                    out.setdefault(c, {})[(j, u)] = seeds[n * secagg.KEY_BYTES:(n + 1) * secagg.KEY_BYTES]
-        return out
+    def _reveal(self, transport, k, got: list, dropped: dict) -> tuple[dict, dict]:
+        """Ask every survivor ``j`` of round ``k`` (``got``: its ``(chain, j)``), for each of its
+        chains, for its self seed and its seeds with that chain's ``dropped`` clients:
+        ``({chain: {j: b_j}}, {chain: {(j, u): t_ju}})`` (a missing reply leaves the chain masked)."""
+        chains: dict[int, list] = {}
+        for c, j in got:
+            chains.setdefault(j, []).append(c)
+        asks = {j: self._message("secagg_reveal", k=k, chains=cs, dropped=[dropped[c] for c in cs])
+                for j, cs in chains.items()}
+        replies = transport.exchange(asks, self.flower["round_timeout"])
+        own, revealed = {}, {}
+        for j, cs in chains.items():
+            reply = replies.get(j) or {}
+            selfs, seeds = reply.get("self", b""), reply.get("seeds", b"")
+            pairs = [(c, u) for c in cs for u in dropped[c]]
+            if len(selfs) != secagg.KEY_BYTES * len(cs) or len(seeds) != secagg.KEY_BYTES * len(pairs):
+                continue
+            self.stats["secagg_bits_up"] += 8 * (len(selfs) + len(seeds))
+            self.stats["secagg_self_bits"] += 8 * len(selfs)
+            for n, c in enumerate(cs):
+                own.setdefault(c, {})[j] = selfs[n * secagg.KEY_BYTES:(n + 1) * secagg.KEY_BYTES]
+            for n, (c, u) in enumerate(pairs):
+                revealed.setdefault(c, {})[(j, u)] = seeds[n * secagg.KEY_BYTES:(n + 1) * secagg.KEY_BYTES]
+        return own, revealed
 
 
 class LocalTransport:
