@@ -219,6 +219,7 @@ def _refuse(reason: str) -> Callable[[Setting], Bounds]:
 
 
 _MODE = "the mode theta* and the server's constant sum_i grad U_i(theta*) are computed from the data without noise"
+_HIDDEN = "hidden local steps: the released average is not a Gaussian mechanism of one client's data"
 _STATE = ("its memory terms carry every earlier message of a client, which one message's clip does not bound; "
           "set [sampler] memory = false (QLSD++) or memory_rate = 0 (LSD++)")
 
@@ -233,7 +234,6 @@ def _qlsd_pp(s: Setting) -> Bounds:
         bounds["record"] = ["its SVRG anchor gradient holds every record in every round: bound records through "
                             "[privacy] clip"]
     return bounds
-_HIDDEN = "hidden local steps: the released average is not a Gaussian mechanism of one client's data"
 
 #: Registered sampler name -> its mapping (see the module docstring).
 MAPPINGS: dict[str, Callable[[Setting], Bounds]] = {
