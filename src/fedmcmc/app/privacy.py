@@ -28,6 +28,7 @@ import math
 import numpy as np
 
 from fedmcmc.compression import resolve_clipped
+from fedmcmc.core import checks
 from fedmcmc.models import clipped_gradients
 
 # fedmcmc.privacy (dp-accounting, scipy.signal: seconds of imports) is imported by the functions that
@@ -56,11 +57,10 @@ KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant", "relea
 
 
 def _positive(section: dict, key: str, error) -> float | None:
-    value = section.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not 0 < value < math.inf):
-        raise error(f"[privacy] {key} must be a finite number > 0 (got {value!r})")
-    return None if value is None else float(value)
+    try:
+        return None if section.get(key) is None else checks.positive(f"[privacy] {key}", section[key])
+    except ValueError as err:
+        raise error(str(err)) from None
 
 
 def _checked(section: dict, error) -> dict:

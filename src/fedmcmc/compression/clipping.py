@@ -38,13 +38,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fedmcmc.compression.quantization import QSGDMessage
+from fedmcmc.core import checks
 from fedmcmc.core.base import Compressor
+from fedmcmc.core.checks import SAFETY
 from fedmcmc.core.types import Array, PRNGKey
 
-__all__ = ["clipped", "scale_message", "SAFETY"]
-
-#: Relative margin under the bound, so that the float32 decoding of the scaled message stays under it.
-SAFETY = 1.0 - 2.0**-16
+__all__ = ["clipped", "scale_message"]
 
 
 def scale_message(message, factor: Array):
@@ -77,9 +76,7 @@ def clipped(compressor: Compressor, bound: float) -> Compressor:
     ValueError
         If ``bound`` is not a finite positive number.
     """
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < float("inf"):
-        raise ValueError(f"clipping bound must be a finite number > 0 (got {bound!r}); it is the largest "
-                         "norm of a client's decoded upload")
+    bound = checks.positive("clipping bound", bound, "; it is the largest norm of a client's decoded upload")
     limit = jnp.float32(bound) * jnp.float32(SAFETY)
 
     def apply(key: PRNGKey, v: Array, state):

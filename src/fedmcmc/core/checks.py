@@ -35,9 +35,15 @@ def positive_int(label: str, value) -> int:
     return int(value)
 
 
+#: Below 1 by a relative ``2^-16``: a bound ``C`` applied as ``C * SAFETY`` in float32 stays ``<= C``
+#: whatever the rounding of the norm it is compared with (the clipping of uploads and of records).
+SAFETY = 1.0 - 2.0**-16
+
+
 def _number(label: str, value, ok, requirement: str, hint: str) -> float:
+    """``value`` as a float if ``ok``; a bool or a string is never a number here."""
     try:
-        number = float(value)
+        number = float("nan") if isinstance(value, (bool, np.bool_, str, bytes)) else float(value)
     except (TypeError, ValueError):
         number = float("nan")
     if not ok(number):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fedmcmc.core import checks
 from fedmcmc.core.base import Model
 
 __all__ = ["clipped_gradients"]
@@ -36,11 +37,10 @@ def clipped_gradients(model: Model, bound: float) -> Model:
     ValueError
         If ``bound`` is not a finite positive number.
     """
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < float("inf"):
-        raise ValueError(f"record clipping bound must be a finite number > 0 (got {bound!r}); it is the "
-                         "largest norm of one record's log-likelihood gradient")
+    bound = checks.positive("record clipping bound", bound,
+                            "; it is the largest norm of one record's log-likelihood gradient")
     base = model.log_likelihood
-    limit = float(bound) * (1.0 - 2.0**-16)  # float32 rounding stays under the bound
+    limit = bound * checks.SAFETY  # float32 rounding stays under the bound
 
     @jax.custom_jvp
     def log_likelihood(theta, datum):
