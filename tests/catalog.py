@@ -38,6 +38,11 @@ def surrogate(kind: str, covariance: str):
     return getattr(surrogates, kind)(covariance)
 
 
+#: The catalog's names, known without building anything (``samplers`` builds them).
+NAMES = ["sgld", "psgld", "qlsd#", "qlsd*", "lsd*", "qlsd++", "lsd++", "fa-hmc", "fa-ld", "dsgld", "dg-sgld",
+         "fedavg"] + [f"cg-dsgld-{kind}-{cov}" for kind, cov in SURROGATES]
+
+
 def samplers(data, model, mode=None) -> dict:
     """``name -> (sampler, data)`` for every registered sampler and every CG-DSGLD surrogate."""
     mode = gradients.find_mode(model, data) if mode is None else mode
@@ -64,4 +69,5 @@ def samplers(data, model, mode=None) -> dict:
     for kind, cov in SURROGATES:
         out[f"cg-dsgld-{kind}-{cov}"] = (cg_dsgld(model, f, step, 10, surrogate=surrogate(kind, cov), batch_size=8,
                                                   record_every=5), data)
+    assert list(out) == NAMES
     return out
