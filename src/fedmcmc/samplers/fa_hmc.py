@@ -115,6 +115,7 @@ from fedmcmc.compression import identity
 from fedmcmc.core import checks
 from fedmcmc.core.base import Compressor, FederatedSampler, Model, Participation, per_client_count
 from fedmcmc.core.types import Schedule
+from fedmcmc.core.xla import materialize
 from fedmcmc.estimators import gradients, scaffold
 from fedmcmc.estimators.stochastic import StochasticGradient, gaussian_noise
 from fedmcmc.samplers import participation as participation_lib
@@ -224,8 +225,10 @@ def _client_gradient(s: _Settings, client_data, w_c, correction, anchor) -> Stoc
 
 def _draw_momentum(s: _Settings, seed, key_grad, j, w_c, like):
     """The momentum of the round's j-th trajectory: shared xi from the seed, private xi^(c)."""
-    xi = jax.random.normal(jax.random.fold_in(seed, j), like.shape, like.dtype)
-    xi_c = jax.random.normal(jax.random.fold_in(jax.random.fold_in(key_grad, j), 0), like.shape, like.dtype)
+    shared, private = materialize(jnp.stack([jax.random.fold_in(seed, j),
+                                             jax.random.fold_in(jax.random.fold_in(key_grad, j), 0)]))
+    xi = jax.random.normal(shared, like.shape, like.dtype)
+    xi_c = jax.random.normal(private, like.shape, like.dtype)
     return s.sqrt_rho * xi + (s.sqrt_1m_rho / jnp.sqrt(w_c)) * xi_c
 
 
