@@ -276,12 +276,16 @@ def law_settings(kw):
     return {key: value for key, value in kw.items() if key != "batch_size"}
 
 
+#: Both law tests run this many chains for this many rounds: one compiled program per config.
+LAW_CHAINS, LAW_ROUNDS = 250, 160
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_transient_law_matches_the_exact_recursion(name):
     """From a fixed start, the law of the averaged theta after rounds 1, 2, 5 and 12."""
-    rounds = 12
-    samples = simulate(11, build(**CONFIGS[name]), DATA, jnp.full(DIM, 8.0), rounds, num_chains=250).samples
-    law = exact_law(rounds, theta0=8.0, **law_settings(CONFIGS[name]))
+    samples = simulate(11, build(**CONFIGS[name]), DATA, jnp.full(DIM, 8.0), LAW_ROUNDS,
+                       num_chains=LAW_CHAINS).samples
+    law = exact_law(12, theta0=8.0, **law_settings(CONFIGS[name]))
     for r in (1, 2, 5, 12):
         x = samples[:, r - 1, :].reshape(-1).astype(np.float64)  # chains x coordinates: independent
         h.assert_close(x, law.mean[r], f"{name} mean, round {r}")
@@ -297,7 +301,7 @@ def test_stationary_law_matches_the_exact_recursion(name):
     period = round_period(settings.get("k", K), settings.get("t", T), settings.get("clock", "leapfrog"))
     assert law.mean.shape == (period,)
     start = jnp.full(DIM, float(law.mean[0]), jnp.float32)
-    res = simulate(12, build(**CONFIGS[name]), DATA, start, 160, num_chains=100, burn_in=40)
+    res = simulate(12, build(**CONFIGS[name]), DATA, start, LAW_ROUNDS, num_chains=LAW_CHAINS, burn_in=40)
     phase = np.rint(res.draw_iterations).astype(int) % period
     for i in range(period):
         h.check_gaussian(res.samples[:, phase == i], np.full(DIM, law.mean[i]), law.var[i], f"{name}, phase {i}")
