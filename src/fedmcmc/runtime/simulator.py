@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.core.checks import check_schedule
-from fedmcmc.core.base import FederatedSampler
+from fedmcmc.core.base import CLIENT_AXES, FederatedSampler
 from fedmcmc.data.federated import FederatedData
 from fedmcmc.runtime import cpu, devices as placement, round as rnd
 from fedmcmc.runtime.records import (SimulationResult, assemble, check_finite, fingerprint,
@@ -68,7 +68,7 @@ _BUILT: "OrderedDict[tuple, tuple]" = OrderedDict()
 def _build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, devices: tuple | None):
     """Compiled init and chunk functions (chains spread over ``devices`` if given), cached so repeated
     runs of the same sampler on the same data (chunks, resumes, benchmarks) do not compile again."""
-    key = (sampler, id(data.x), id(data.counts), statistic, devices)
+    key = (sampler, id(data.x), id(data.counts), data.groups, statistic, devices)
     if key in _BUILT:
         _BUILT.move_to_end(key)
         return _BUILT[key][1]
