@@ -7,13 +7,15 @@ to each client (with 1,000 clients and alpha = 0.1 most draws leave some client 
 MLP 784-10-10 (d = 7,960; the exact QSGD bit count of 1,000 clients x d
 entries a round is target 2's), prior N(0, I). QLSD++: QSGD with s = 2, minibatches of 10 per
 client, a full local gradient every 20 rounds (the SVRG refresh), 1 chain. Prints the layout
-(rows stored against b * n_max), the rounds per second after compilation and the peak RSS.
+(rows stored against b * n_max), the rounds per second after compilation, the seconds XLA spent
+compiling (and tracing and lowering) and the peak RSS.
 """
 import resource
 import sys
 import time
 
 import numpy as np
+from jax import monitoring
 
 from fedmcmc.compression import quantization
 from fedmcmc.data import load_dataset, partition
@@ -25,6 +27,13 @@ from fedmcmc.samplers import qlsd_pp
 CLIENTS, ALPHA, BATCH, REFRESH, HIDDEN = 1000, 0.1, 10, 20, 10
 
 
+def _count(spent: dict, event: str, seconds: float) -> None:
+    if event.endswith("backend_compile_duration"):
+        spent["compile"] += seconds
+    elif event.endswith(("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration")):
+        spent["trace"] += seconds
+
+
 def split(seed: int, labels) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     first = rng.permutation(labels.size)[:CLIENTS]
@@ -34,6 +43,8 @@ def split(seed: int, labels) -> list[np.ndarray]:
 
 
 def main(rounds: int) -> dict:
+    spent = {"compile": 0.0, "trace": 0.0}
+    monitoring.register_event_duration_secs_listener(lambda event, seconds, **_: _count(spent, event, seconds))
     d = load_dataset("fashion-mnist")
     parts = split(0, d.y)
     data = from_clients([(d.x[p], d.y[p]) for p in parts])
@@ -53,6 +64,7 @@ def main(rounds: int) -> dict:
            "n_median": float(np.median(counts)), "buckets": len(data.groups), "rows_stored": int(data.x[0].shape[0]),
            "rows_if_padded": data.num_clients * data.n_max, "dim": model.dim, "rounds": rounds,
            "rounds_per_second": rounds / seconds, "first_run_seconds": compile_s,
+           "xla_compile_seconds": spent["compile"], "trace_and_lower_seconds": spent["trace"],
            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20,
            "finite": bool(np.all(np.isfinite(np.asarray(r.samples))))}
     print(out)

@@ -18,11 +18,13 @@ import numpy as np
 
 from fedmcmc.core.base import ClientData, Rows
 
-#: What one more bucket costs a full-batch round, in rows read: one more gradient computation
-#: (measured on the toy problem, docs/benchmarks.md "No padding tax").
-BUCKET_ROWS = 16
-#: At most this many buckets (each adds to the compiled program).
-MAX_BUCKETS = 32
+#: What one more bucket costs, in rows read by a full-batch round: 16 rows for its gradient
+#: kernels at run time (measured on the toy problem) plus 48 for compiling them, about 0.15 s
+#: per gradient in a program, paid back by 48 rows over about 10^5 chain-rounds of the toy
+#: problem (docs/benchmarks.md, "No padding tax").
+BUCKET_ROWS = 64
+#: At most this many buckets: each is one more gradient in every compiled program.
+MAX_BUCKETS = 8
 
 
 def buckets(counts, bucket_rows: float = BUCKET_ROWS, max_buckets: int = MAX_BUCKETS) -> tuple:
