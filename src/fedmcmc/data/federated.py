@@ -24,7 +24,7 @@ from fedmcmc.core.base import ClientData, Rows
 #: problem (docs/benchmarks.md, "No padding tax").
 BUCKET_ROWS = 64
 #: At most this many buckets: each is one more gradient in every compiled program.
-MAX_BUCKETS = 8
+MAX_BUCKETS = 6
 
 
 def buckets(counts, bucket_rows: float = BUCKET_ROWS, max_buckets: int = MAX_BUCKETS) -> tuple:
