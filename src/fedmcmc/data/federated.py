@@ -23,7 +23,8 @@ from fedmcmc.core.base import ClientData, Rows
 #: per gradient in a program, paid back by 48 rows over about 10^5 chain-rounds of the toy
 #: problem (docs/benchmarks.md, "No padding tax").
 BUCKET_ROWS = 64
-#: At most this many buckets: each is one more gradient in every compiled program.
+#: At most this many buckets: each is one more gradient in every compiled program (6 keep the
+#: toy problem at 1.06 rows a point; docs/benchmarks.md, "No padding tax").
 MAX_BUCKETS = 6
 
 
