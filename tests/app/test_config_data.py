@@ -83,7 +83,7 @@ def test_built_from_text_in_the_configs_folder(tmp_path, frame):
     assert sum(c["n_train"] for c in built.inputs.clients) == built.data.total
     again = config.model_from_config(cfg, built.inputs)
     theta = jnp.linspace(-1, 1, 31)
-    datum = (built.data.x[0][0, 0], built.data.x[1][0, 0])
+    datum = (built.data.x[0][0], built.data.x[1][0])
     assert float(again.log_likelihood(theta, datum)) == float(built.model.log_likelihood(theta, datum))
 
 
@@ -108,7 +108,7 @@ def test_a_users_model_function_next_to_the_config(tmp_path, frame):
     _, built = config.from_text(path.read_text(), tmp_path)
     assert built.model.dim == 30 and built.model.name == "no-intercept-T0.5"
     reference = logistic_regression(30, 2.0)
-    theta, datum = jnp.full(30, 0.1), (built.data.x[0][0, 0], built.data.x[1][0, 0])
+    theta, datum = jnp.full(30, 0.1), (built.data.x[0][0], built.data.x[1][0])
     np.testing.assert_allclose(built.model.log_likelihood(theta, datum),
                                2 * reference.log_likelihood(theta, datum), rtol=1e-6)
 

@@ -19,8 +19,16 @@ def test_toy_problem_follows_the_authors_notebook():
 
 def test_padding_and_pooling():
     data = from_clients([np.ones((2, 3)), 2 * np.ones((4, 3))])
-    assert data.x.shape == (2, 4, 3) and list(data.counts) == [2, 4]
-    assert np.all(data.x[0, 2:] == 0)
+    assert data.x.shape == (8, 3) and list(data.counts) == [2, 4]  # one bucket of width 4
+    assert np.all(data.x[2:4] == 0) and np.all(data.x[4:] == 2) and list(data.starts) == [0, 4]
+    # clients of unlike sizes: buckets by size, the rows read scale with the points
+    sizes = [3, 300, 5, 310, 4]
+    spread = from_clients([np.full((n, 1), i) for i, n in enumerate(sizes)])
+    assert spread.groups == ((0, 4, 2), (1, 3)) and spread.x.shape == (3 * 5 + 2 * 310, 1)
+    for i, n in enumerate(sizes):
+        assert np.all(spread.unpadded(i) == i) and len(spread.unpadded(i)) == n
+    rows = spread.rows()
+    assert rows.buckets == ((3, 5), (2, 310)) and int(np.sum(np.asarray(rows.row_client) >= 0)) == sum(sizes)
     pooled = data.pooled()
     assert pooled.num_clients == 1 and pooled.total == 6
     with pytest.raises(ValueError, match="no data"):

@@ -15,8 +15,8 @@ def test_lambda_max_of_a_logistic_regression_is_the_exact_hessians():
     data, model = breast_cancer(num_clients=4)
     mode = find_mode(model, data)
     got = curvature(jax.random.key(0), model, data, mode.theta, tol=1e-6, max_rounds=500)
-    x, y = (np.concatenate([np.asarray(a[i, :n], np.float64) for i, n in enumerate(data.counts)])
-            for a in data.x)
+    x, y = (np.concatenate(a).astype(np.float64)
+            for a in zip(*(data.unpadded(i) for i in range(data.num_clients))))
     p = 1.0 / (1.0 + np.exp(-x @ np.asarray(mode.theta, np.float64)))
     hessian = x.T @ (x * (p * (1 - p))[:, None]) + np.eye(model.dim)  # N(0, 1) prior
     exact = np.linalg.eigvalsh(hessian)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import harness as h
+from fedmcmc.core.base import CLIENT_AXES
 from fedmcmc.estimators import gradients
 from fedmcmc.samplers import participation
 from fedmcmc.core.base import Participation
@@ -27,8 +28,8 @@ def test_a_stale_client_refreshes_at_the_broadcast_anchor_and_a_fresh_one_keeps_
     clients = DATA.clients()
     theta0 = jnp.asarray(THETA0)
     keys = jax.random.split(jax.random.PRNGKey(0), DATA.num_clients)
-    states = jax.jit(jax.vmap(sampler.client_init, (0, None, 0)))(keys, QLSDPPBroadcast(theta0, theta0), clients)
-    exact0 = jax.jit(jax.vmap(lambda t, c: gradients.local_gradient(MODEL, t, c), (None, 0)))(theta0, clients)
+    states = jax.jit(jax.vmap(sampler.client_init, (0, None, CLIENT_AXES)))(keys, QLSDPPBroadcast(theta0, theta0), clients)
+    exact0 = jax.jit(jax.vmap(lambda t, c: gradients.local_gradient(MODEL, t, c), (None, CLIENT_AXES)))(theta0, clients)
     np.testing.assert_array_equal(states.estimator.reference_grad, exact0)  # zeta_0 = theta_0 with its exact gradient
     np.testing.assert_array_equal(states.estimator.anchor_round, 0)
 
@@ -41,10 +42,10 @@ def test_a_stale_client_refreshes_at_the_broadcast_anchor_and_a_fresh_one_keeps_
         reference=jnp.where(fresh[:, None], zeta, states.estimator.reference),
         reference_grad=jnp.where(fresh[:, None], marker, states.estimator.reference_grad),
         anchor_round=jnp.where(fresh, 3, 0).astype(jnp.int32)))
-    step = jax.jit(jax.vmap(sampler.client_step, (0, 0, None, 0, None)))
+    step = jax.jit(jax.vmap(sampler.client_step, (0, 0, None, CLIENT_AXES, None)))
     new, _, _ = step(keys, states, QLSDPPBroadcast(theta, zeta), clients, jnp.int32(4))
     new = new.estimator
-    at_zeta = jax.vmap(lambda t, c: gradients.local_gradient(MODEL, t, c), (None, 0))(zeta, clients)
+    at_zeta = jax.vmap(lambda t, c: gradients.local_gradient(MODEL, t, c), (None, CLIENT_AXES))(zeta, clients)
     np.testing.assert_array_equal(new.reference, np.broadcast_to(zeta, (4, 3)))
     np.testing.assert_array_equal(new.anchor_round, 3)
     np.testing.assert_array_equal(new.reference_grad[:2], marker[:2])

@@ -26,31 +26,79 @@ schedules and periodic events (SVRG refreshes, synchronisations) branch on it wi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
+import jax
 import numpy as np
 
 from fedmcmc.core.types import Array
 
 
-class ClientData(NamedTuple):
-    """One client's data as the client sees it.
+@partial(jax.tree_util.register_dataclass, data_fields=["x", "row_client", "order"],
+         meta_fields=["buckets", "n_max"])
+@dataclass(frozen=True)
+class Rows:
+    """The data points of all clients a process holds, clients of similar sizes padded together.
 
     Attributes
     ----------
     x
-        Pytree of arrays with leading axis ``n_max`` (padded); only the first ``count``
-        rows are real data.
+        Pytree of arrays with leading axis ``R``: bucket after bucket, a bucket of ``m`` clients
+        of width ``w`` holds ``m w`` rows, ``w`` per client; a client's points fill its first
+        rows, the rest are zeros.
+    row_client
+        The client of each row, -1 for padding (int32 ``[R]``).
+    order
+        The clients in the order of their rows (int32 ``[b]``).
+    buckets
+        ``((m, w), ...)`` of the buckets (static).
+    n_max
+        The largest number of points of a client (static): the bound of a minibatch draw.
+    """
+
+    x: Any
+    row_client: Any
+    order: Any
+    buckets: tuple
+    n_max: int
+
+    @property
+    def num_clients(self) -> int:
+        return int(np.shape(self.order)[0])
+
+
+class ClientData(NamedTuple):
+    """One client's data as the client sees it: its points are ``count`` rows of ``rows``
+    from ``start`` on (see :data:`CLIENT_AXES` for running clients under ``vmap``).
+
+    Attributes
+    ----------
+    rows
+        The packed points (:class:`Rows`), shared by every client of a process: a client reads
+        only its own rows (a Flower node holds no other client's points).
     count
         Number of real data points ``N_i`` (int scalar).
     index
         Client index ``i`` (int scalar); used for per-client settings such as the
         number of quantisation levels or the participation probability.
+    start
+        The row of ``rows`` that holds the client's first point (int scalar).
     """
 
-    x: Any
+    rows: Rows
     count: Array
     index: Array
+    start: Array
+
+    def take(self, idx) -> "ClientData":
+        """The clients at positions ``idx`` of a batch of clients (the rows stay shared)."""
+        return self._replace(count=self.count[idx], index=self.index[idx], start=self.start[idx])
+
+
+#: ``vmap`` axes of a batch of clients: one count, index and start per client, the rows shared.
+CLIENT_AXES = ClientData(rows=None, count=0, index=0, start=0)
 
 
 class Model(NamedTuple):

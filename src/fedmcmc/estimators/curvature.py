@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.core.base import ClientData, Model
+from fedmcmc.core.base import Model
 from fedmcmc.data.federated import FederatedData
-from fedmcmc.estimators.gradients import valid_weights
+from fedmcmc.estimators.gradients import row_weights
 
 
 class Curvature(NamedTuple):
@@ -61,30 +61,20 @@ class Curvature(NamedTuple):
     bits_down: int
 
 
-def client_hvp(model: Model, theta, client_data: ClientData, v):
-    """``nabla^2 U_c(theta) v`` on client ``c``'s real rows, forward over reverse."""
-    n_max = jax.tree_util.tree_leaves(client_data.x)[0].shape[0]
-    weights = valid_weights(client_data.count, n_max)
+def federated_hvp(model: Model, data: FederatedData, theta) -> Callable:
+    """``v -> H v`` at ``theta``: the clients' ``H_c v`` summed (one pass over all clients' rows,
+    as the server's sum of their products), plus the prior's ``H_0 v``. One call is one round."""
+    theta = jnp.asarray(theta, jnp.float32)
+    rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
+    weights = row_weights(rows)
 
     def grad_u(t):
-        return jax.grad(lambda s: -jnp.sum(weights * jax.vmap(model.log_likelihood, (None, 0))(s, client_data.x)))(t)
-
-    return jax.jvp(grad_u, (theta,), (v,))[1]
-
-
-def federated_hvp(model: Model, data: FederatedData, theta) -> Callable:
-    """``v -> H v`` at ``theta``: the clients' ``H_c v`` (under ``vmap``, as the simulator runs
-    them) summed by the server, plus the prior's ``H_0 v``. One call is one round."""
-    theta = jnp.asarray(theta, jnp.float32)
-    clients = data.clients()
-
-    def prior_hvp(v):
-        return jax.jvp(jax.grad(lambda t: -model.log_prior(t)), (theta,), (v,))[1]
+        return jax.grad(lambda s: -jnp.sum(weights * jax.vmap(model.log_likelihood, (None, 0))(s, rows.x))
+                        - model.log_prior(s))(t)
 
     @jax.jit
     def hvp(v):
-        products = jax.vmap(client_hvp, in_axes=(None, None, 0, None))(model, theta, clients, v)
-        return jnp.sum(products, axis=0) + prior_hvp(v)
+        return jax.jvp(grad_u, (theta,), (v,))[1]
 
     return hvp
 

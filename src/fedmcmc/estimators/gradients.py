@@ -15,6 +15,7 @@ batch of ``k`` rows out of ``n_max``; then by the ``k`` largest of ``n_max`` uni
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.core.xla import materialize
-from fedmcmc.core.base import ClientData, Model
+from fedmcmc.core.base import ClientData, Model, Rows
 from fedmcmc.data.federated import FederatedData
 
 Oracle = Callable[[Any, Any, ClientData], Any]
@@ -64,15 +65,58 @@ def weighted_potential_grad(model: Model, theta, x, weights):
     return jax.grad(potential)(theta)
 
 
-def valid_weights(count, n_max: int):
-    """1 for the client's real rows, 0 for padding."""
-    return (jnp.arange(n_max) < count).astype(jnp.float32)
+def row_weights(rows: Rows, index=None):
+    """``[R]``: 1 on the real rows of client ``index`` (of every client if None), 0 elsewhere."""
+    owner = jnp.asarray(rows.row_client)
+    return ((owner >= 0) if index is None else (owner == index)).astype(jnp.float32)
+
+
+def _client_buckets(model: Model, theta, theta_batched: bool, index, rows: Rows):
+    """``grad U_i`` of the clients ``index`` (a batch), bucket by bucket: each bucket's clients
+    at once on their own rows, at their ``theta`` (one for all if not ``theta_batched``; a
+    client given twice must be given the same one)."""
+    b = rows.num_clients
+    order = jnp.asarray(rows.order)
+    if theta_batched:
+        per_client = jax.tree_util.tree_map(lambda t: jnp.zeros((b,) + t.shape[1:], t.dtype).at[index].set(t), theta)
+    weights, grads, row, first = row_weights(rows), [], 0, 0
+    for m, width in rows.buckets:
+        xs = jax.tree_util.tree_map(lambda a: a[row:row + m * width].reshape((m, width) + a.shape[1:]), rows.x)
+        w = weights[row:row + m * width].reshape(m, width)
+        if theta_batched:
+            at = jax.tree_util.tree_map(lambda t: t[order[first:first + m]], per_client)
+            grads.append(jax.vmap(partial(weighted_potential_grad, model))(at, xs, w))
+        else:
+            grads.append(jax.vmap(partial(weighted_potential_grad, model, theta))(xs, w))
+        row, first = row + m * width, first + m
+    position = jnp.zeros((b,), jnp.int32).at[order].set(jnp.arange(b, dtype=jnp.int32))
+    return jax.tree_util.tree_map(lambda *g: jnp.concatenate(g)[position[index]], *grads)
 
 
 def local_gradient(model: Model, theta, client_data: ClientData):
-    """The exact local gradient ``grad U_i(theta)``."""
-    n_max = jax.tree_util.tree_leaves(client_data.x)[0].shape[0]
-    return weighted_potential_grad(model, theta, client_data.x, valid_weights(client_data.count, n_max))
+    """The exact local gradient ``grad U_i(theta)``, reading the client's rows only.
+
+    Alone, one gradient over the rows weighted by the client's mask. Under ``vmap`` over clients
+    (the rows shared, :data:`fedmcmc.core.base.CLIENT_AXES`), every client's gradient at once,
+    bucket by bucket (:func:`_client_buckets`): the work of one pass over the rows, not of one
+    pass per client. Anywhere else (rows batched), the masked gradient per client.
+    """
+    def alone(theta, cd):
+        return weighted_potential_grad(model, theta, cd.rows.x, row_weights(cd.rows, cd.index))
+
+    @jax.custom_batching.custom_vmap
+    def gradient(theta, cd):
+        return alone(theta, cd)
+
+    @gradient.def_vmap
+    def batched(axis_size, in_batched, theta, cd):
+        theta_b, cd_b = in_batched
+        if cd_b.index and not any(jax.tree_util.tree_leaves(cd_b.rows)):
+            return _client_buckets(model, theta, any(jax.tree_util.tree_leaves(theta_b)), cd.index, cd.rows), True
+        axes = jax.tree_util.tree_map(lambda b: 0 if b else None, (theta_b, cd_b))
+        return jax.vmap(alone, axes, axis_size=axis_size)(theta, cd), True
+
+    return gradient(theta, client_data)
 
 
 def resolve_batch_sizes(batch_size) -> np.ndarray | None:
@@ -159,14 +203,15 @@ def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray):
     ``N_i / n_i`` (zero on the rows beyond ``n_i``), so that ``sum_j w_j grad U_ij`` is
     unbiased for ``grad U_i``.
     """
-    x, count = client_data.x, client_data.count
-    n_max = jax.tree_util.tree_leaves(x)[0].shape[0]
+    rows, count = client_data.rows, client_data.count
+    n_max = rows.n_max
     k = int(min(int(batch_sizes.max()), n_max))
     size = jnp.asarray(batch_sizes)[client_data.index] if batch_sizes.size > 1 else jnp.asarray(batch_sizes[0])
     n = jnp.minimum(size, count)
     idx = top_k_indices(key, count, n, k, n_max) if k * k > TOP_K_RATIO * n_max else subset_indices(key, count, n, k)
     w = jnp.where(jnp.arange(k) < n, count.astype(jnp.float32) / n.astype(jnp.float32), 0.0)
-    xb = jax.tree_util.tree_map(lambda a: a[idx], x)
+    at = materialize(client_data.start + idx)  # the same gather whether start is a constant or not
+    xb = jax.tree_util.tree_map(lambda a: a[at], rows.x)
     return xb, w
 
 
@@ -195,10 +240,8 @@ def control_variate_gradient(model: Model, theta_star, batch_size=None) -> Oracl
 
     def oracle(key, theta, client_data):
         if sizes is None:
-            n_max = jax.tree_util.tree_leaves(client_data.x)[0].shape[0]
-            xb, w = client_data.x, valid_weights(client_data.count, n_max)
-        else:
-            xb, w = minibatch(key, client_data, sizes)
+            return local_gradient(model, theta, client_data) - local_gradient(model, theta_star, client_data)
+        xb, w = minibatch(key, client_data, sizes)
         return weighted_potential_grad(model, theta, xb, w) - weighted_potential_grad(model, theta_star, xb, w)
 
     return oracle
@@ -228,39 +271,32 @@ class ModeResult(NamedTuple):
     bits: int
 
 
-def total_client_gradient(model: Model, data: FederatedData, theta):
-    """``sum_i grad U_i(theta)`` over all clients."""
-    grads = jax.vmap(local_gradient, in_axes=(None, None, 0))(model, theta, data.clients())
-    return jnp.sum(grads, axis=0)
-
-
 def find_mode(model: Model, data: FederatedData, theta0=None, max_rounds: int = 500,
               tol: float = 1e-4) -> ModeResult:
     """Find theta* by federated full-gradient BFGS and report its communication cost.
 
     Each objective evaluation is one round in which every client returns its full local
-    gradient (uncompressed, 32 bits per coordinate) and the server broadcasts theta.
+    gradient (uncompressed, 32 bits per coordinate) and the server broadcasts theta. One
+    compiled program: the search and the clients' sum at theta*.
     """
     from jax.scipy.optimize import minimize
 
     theta0 = jnp.zeros(model.dim, jnp.float32) if theta0 is None else jnp.asarray(theta0, jnp.float32)
-    clients = data.clients()
+    rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
+    weights = row_weights(rows)
     # Normalise by the number of points so BFGS's tolerances are scale-free.
     scale = 1.0 / max(data.total, 1)
 
     def potential(theta):
-        def local(cd):
-            n_max = jax.tree_util.tree_leaves(cd.x)[0].shape[0]
-            ll = jax.vmap(model.log_likelihood, in_axes=(None, 0))(theta, cd.x)
-            return -jnp.sum(valid_weights(cd.count, n_max) * ll)
+        ll = jax.vmap(model.log_likelihood, in_axes=(None, 0))(theta, rows.x)
+        return scale * (-jnp.sum(weights * ll) - model.log_prior(theta))
 
-        return scale * (jnp.sum(jax.vmap(local)(clients)) - model.log_prior(theta))
+    def search(t):
+        res = minimize(potential, t, method="BFGS", tol=tol, options={"maxiter": max_rounds})
+        return res, weighted_potential_grad(model, res.x, rows.x, weights), jax.grad(model.log_prior)(res.x)
 
-    res = jax.jit(lambda t: minimize(potential, t, method="BFGS", tol=tol,
-                                     options={"maxiter": max_rounds}))(theta0)
+    res, client_sum, prior_grad = jax.jit(search)(theta0)
     theta = res.x
-    client_sum = total_client_gradient(model, data, theta)
-    prior_grad = jax.grad(model.log_prior)(theta)
     grad_norm = float(jnp.linalg.norm(client_sum - prior_grad))
     rounds = int(res.nfev) + 1  # each evaluation returns value and gradient; +1 for the sum at theta*
     bits = 2 * rounds * data.num_clients * 32 * model.dim

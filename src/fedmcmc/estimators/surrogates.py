@@ -112,12 +112,12 @@ def surrogate_bits(dim: int, covariance: str) -> int:
 
 
 def local_log_density(model: Model, client_data: ClientData, share) -> Callable:
-    """``theta -> share * log p(theta) + sum_{x in shard} log p(x | theta)`` (padding excluded)."""
-    n_max = jax.tree_util.tree_leaves(client_data.x)[0].shape[0]
-    valid = gradients.valid_weights(client_data.count, n_max)
+    """``theta -> share * log p(theta) + sum_{x in shard} log p(x | theta)``, over the shard's mask of
+    all rows (a one-off setup: under ``vmap`` each shard reads every row)."""
+    valid = gradients.row_weights(client_data.rows, client_data.index)
 
     def log_density(theta):
-        ll = jax.vmap(model.log_likelihood, in_axes=(None, 0))(theta, client_data.x)
+        ll = jax.vmap(model.log_likelihood, in_axes=(None, 0))(theta, client_data.rows.x)
         return jnp.sum(valid * ll) + share * model.log_prior(theta)
 
     return log_density

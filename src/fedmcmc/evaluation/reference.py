@@ -61,7 +61,7 @@ def cache_dir() -> Path:
 def log_posterior(model: Model, data: FederatedData):
     """``theta -> log prior(theta) + sum_ij log p(x_ij | theta)`` over all clients' real data."""
     pooled = data.pooled()
-    x = jax.tree_util.tree_map(lambda a: jnp.asarray(a[0]), pooled.x)
+    x = jax.tree_util.tree_map(jnp.asarray, pooled.x)
 
     def logdensity(theta):
         return model.log_prior(theta) + jnp.sum(jax.vmap(model.log_likelihood, (None, 0))(theta, x))

@@ -56,7 +56,7 @@ _BUILT: "OrderedDict[tuple, tuple]" = OrderedDict()
 def build(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, devices: tuple | None):
     """Compiled init and chunk functions (chains spread over ``devices`` if given), cached so repeated
     runs of the same sampler on the same data (chunks, resumes, benchmarks) do not compile again."""
-    key = (sampler, id(data.x), id(data.counts), statistic, devices)
+    key = (sampler, id(data.x), id(data.counts), data.groups, statistic, devices)
     if key in _BUILT:
         _BUILT.move_to_end(key)
         return _BUILT[key][1]

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedmcmc.core.base import FederatedSampler
+from fedmcmc.core.base import CLIENT_AXES, FederatedSampler
 from fedmcmc.core.xla import fusion_barrier, materialize
 
 
@@ -68,13 +68,13 @@ def server_init(sampler: FederatedSampler, chain_key, theta0, b: int):
 
 def client_init(sampler: FederatedSampler, chain_key, broadcast, clients, ids):
     """The states of clients ``ids`` before round 1."""
-    return jax.vmap(sampler.client_init, (0, None, 0))(each(init_key(chain_key), ids), broadcast, clients)
+    return jax.vmap(sampler.client_init, (0, None, CLIENT_AXES))(each(init_key(chain_key), ids), broadcast, clients)
 
 
 def setup_clients(sampler: FederatedSampler, chain_key, states, broadcast, clients, ids, b: int):
     """Clients ``ids``' side of the setup exchange: ``(states, uploads, infos)``."""
-    return jax.vmap(sampler.setup.client, (0, 0, None, 0))(each(setup_key(chain_key, b), ids), states, broadcast,
-                                                            clients)
+    setup = jax.vmap(sampler.setup.client, (0, 0, None, CLIENT_AXES))
+    return setup(each(setup_key(chain_key, b), ids), states, broadcast, clients)
 
 
 def setup_server(sampler: FederatedSampler, chain_key, server_state, uploads, b: int):
@@ -99,7 +99,7 @@ def client_keys(chain_key, k, ids) -> jax.Array:
 def client_round(sampler: FederatedSampler, chain_key, k, states, broadcast, clients, ids, mask) -> tuple[Any, Any, Any]:
     """Clients ``ids`` in round ``k``: ``(states, uploads, infos)``; inactive ones (``mask``
     false) keep their state."""
-    step = jax.vmap(sampler.client_step, (0, 0, None, 0, None))
+    step = jax.vmap(sampler.client_step, (0, 0, None, CLIENT_AXES, None))
     new_states, uploads, infos = step(client_keys(chain_key, k, ids), states, broadcast, clients, k)
     return select(mask, new_states, states), uploads, infos
 
@@ -114,8 +114,8 @@ def active_clients_round(sampler: FederatedSampler, chain_key, k, states, broadc
     take = partial(jax.tree_util.tree_map, lambda a: a[jnp.minimum(idx, b - 1)])
     scatter = partial(jax.tree_util.tree_map,
                       lambda u: jnp.zeros((b,) + u.shape[1:], u.dtype).at[idx].set(u, mode="drop"))
-    new, sub_up, sub_info = jax.vmap(sampler.client_step, (0, 0, None, 0, None))(
-        take(client_keys(chain_key, k, ids)), take(states), broadcast, take(clients), k)
+    new, sub_up, sub_info = jax.vmap(sampler.client_step, (0, 0, None, CLIENT_AXES, None))(
+        take(client_keys(chain_key, k, ids)), take(states), broadcast, clients.take(jnp.minimum(idx, b - 1)), k)
     states = jax.tree_util.tree_map(lambda a, n: a.at[idx].set(n, mode="drop"), states, new)
     return states, scatter(sub_up), scatter(sub_info)
 

@@ -5,8 +5,10 @@ per core. jaxlib's LAPACK kernels (``eigh``, ``solve``, ``cholesky``, ...) split
 that pool and block the calling thread until the pieces are done; when every pool thread is
 such a caller (two devices' programs each in a LAPACK call, on two cores), nothing is left to
 run the pieces and the process waits forever (docs/design.md, "Chains over cores"). A worker
-process has one XLA device and no multi-threaded pool (``--xla_cpu_multi_thread_eigen=false``),
-so that wait cannot arise, and the operating system spreads the workers over the cores.
+process has one XLA device, running one program at a time (``--xla_cpu_multi_thread_eigen=false``),
+so that wait cannot arise, and each worker is pinned to its own core. It starts XLA before
+pinning itself, so that XLA compiles for the parent's number of cores: the parent's programs,
+hence the parent's draws bit for bit.
 
 The protocol is a strict request and reply over the worker's stdin and stdout: frames of
 an 8-byte length and a pickle. A request is ``(method, args)``; the reply is ``("ok", value)``
@@ -192,10 +194,15 @@ def start(seed: int, sampler, data, statistic, blocks: list[range], theta0, leng
 def _serve(core: int | None) -> None:  # pragma: no cover - runs in the worker process
     requests, replies = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
-    if core is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {core})
     import jax
 
+    # XLA's CPU client sizes the programs it compiles to the cores the process may use when it
+    # starts (its intra-op pool): start it before pinning, so that a worker compiles the
+    # parent's programs and its draws are the parent's bit for bit (docs/design.md).
+    jax.devices()
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        for thread in os.listdir("/proc/self/task"):  # the pool's threads too
+            os.sched_setaffinity(int(thread), {core})
     from fedmcmc.runtime.programs import compile_block
     from fedmcmc.runtime.simulator import Chains
 

@@ -34,6 +34,7 @@ from fedmcmc.estimators import gradients
 from fedmcmc.app import problems
 from fedmcmc.app.bench import devices as device_bench, flower as flower_bench, large, numpy_reference, secagg
 from fedmcmc.app.bench.chains import chain_scaling
+from fedmcmc.app.bench.padding import padding_overhead
 from fedmcmc.compression import identity, quantization
 from fedmcmc.data.synthetic import heterogeneous_gaussian, logistic_regression_data
 from fedmcmc.models import logistic_regression
@@ -144,6 +145,7 @@ def run(out: Path, quick: bool = False, flower: bool = False) -> dict:
         "chains_scale": chain_scaling(0.25 if quick else 1.0),
         "federation_overhead_large": large.run(quick),
         "secure_aggregation": secagg.run(Path(out) / "secagg", quick),
+        "no_padding_tax": padding_overhead(iterations=iters, repeats=3 if quick else 5),
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
     }

@@ -29,6 +29,7 @@ import numpy as np
 
 from fedmcmc.app.studies import qlsd_bnn_heterogeneous as bnn
 from fedmcmc.core import xla
+from fedmcmc.core.base import CLIENT_AXES
 from fedmcmc.estimators.svrg import svrg
 from fedmcmc.runtime.simulator import simulate
 from fedmcmc.samplers.qlsd_pp import QLSDPPBroadcast
@@ -42,20 +43,20 @@ def gradients_alone(model, data, batch_size: int, refresh_every: int, step_size:
     """``run(key, theta0) -> theta``: ``rounds`` rounds of the QLSD++ clients' SVRG gradients only
     (module docstring), compiled once."""
     estimator = svrg(model, batch_size, refresh_every, stale_clients=False)
-    clients = data.clients()
+    clients = jax.tree_util.tree_map(jnp.asarray, data.clients())  # the rows gathered by traced indices
     num_clients = data.num_clients
 
     def round_(carry, k):
         key, theta, states = carry
         key, sub = jax.random.split(key)
         broadcast = QLSDPPBroadcast(theta, theta)
-        grads, states = jax.vmap(estimator.estimate, in_axes=(0, 0, None, 0, None))(
+        grads, states = jax.vmap(estimator.estimate, in_axes=(0, 0, None, CLIENT_AXES, None))(
             jax.random.split(sub, num_clients), states, broadcast, clients, k)
         return (key, theta - step_size * jnp.sum(grads, axis=0), states), None
 
     def run(key, theta0):
         theta0 = jnp.asarray(theta0, jnp.float32)
-        states = jax.vmap(estimator.init, in_axes=(None, 0))(QLSDPPBroadcast(theta0, theta0), clients)
+        states = jax.vmap(estimator.init, in_axes=(None, CLIENT_AXES))(QLSDPPBroadcast(theta0, theta0), clients)
         (_, theta, _), _ = jax.lax.scan(round_, (key, theta0, states), jnp.arange(rounds, dtype=jnp.int32))
         return theta
 

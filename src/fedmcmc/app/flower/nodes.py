@@ -11,7 +11,7 @@ A ``[data]`` run on Flower goes as follows (docs/flower.md, "Node-local data"):
    pooled feature scaling, the class count) into the run's :class:`~fedmcmc.app.inputs.Inputs`
    and sends them to every node (a ``nodes`` message): the nodes' standardisation exchange.
 3. Server and nodes build the same run from ``Inputs`` alone (:func:`build_from_inputs`): the
-   sampler sees the clients' counts, weights and padded size through zeros of those shapes; a node
+   sampler sees the clients' counts, weights and layout through zeros of those shapes; a node
    puts its own scaled rows in its place (:func:`own_data`), exactly as the simulator's
    :func:`fedmcmc.app.inputs.load_data` would.
 
@@ -32,6 +32,7 @@ from fedmcmc.app import inputs as inputs_lib
 from fedmcmc.runtime.flower.client import config_hash
 from fedmcmc.core.base import ClientData
 from fedmcmc.data import local
+from fedmcmc.data import federated
 from fedmcmc.data.federated import FederatedData
 from fedmcmc.samplers import REGISTRY
 
@@ -152,23 +153,28 @@ def build_from_inputs(cfg: dict, info: inputs_lib.Inputs, base_dir=None) -> conf
     clients' training parts are zeros of their shapes (the sampler needs only counts and shapes).
     ``tests`` is None: the held-out parts stay on the nodes."""
     check_sampler(cfg)
-    counts = np.asarray([c["n_train"] for c in info.clients], np.int32)
-    shape = (len(counts), int(counts.max()))
-    data = FederatedData((np.zeros(shape + tuple(info.input_shape), np.float32), np.zeros(shape, _label_dtype(info))),
-                         counts)
+    data = _zeros(info)
     return config_lib.build_run(cfg, data, inputs_lib.model_from_config(cfg, info, base_dir), None, None, info)
 
 
+def _zeros(info: inputs_lib.Inputs) -> FederatedData:
+    """Zeros in the layout of the clients' training parts (the layout depends on the counts only)."""
+    counts = [c["n_train"] for c in info.clients]
+    return federated.zeros(counts, (np.zeros(tuple(info.input_shape), np.float32), np.zeros((), _label_dtype(info))))
+
+
 def own_data(train: local.LocalData, index: int, info: inputs_lib.Inputs) -> ClientData:
-    """A node's own training part, scaled and padded as :func:`fedmcmc.app.inputs.load_data` pads
-    it, with a leading client axis of one (``ClientRuntime(data_fn=...)``)."""
-    n_max = max(c["n_train"] for c in info.clients)
+    """A node's own training part, scaled and in its rows of the run's layout as
+    :func:`fedmcmc.app.inputs.load_data` packs it (the other clients' rows zeros), with a leading
+    client axis of one (``ClientRuntime(data_fn=...)``)."""
     if len(train.y) != info.clients[index]["n_train"] or list(train.x.shape[1:]) != list(info.input_shape):
         raise RuntimeError(f"client {index}: its data changed since it greeted the server; restart the run")
-    x = np.zeros((1, n_max) + train.x.shape[1:], np.float32)
-    y = np.zeros((1, n_max), _label_dtype(info))
-    x[0, :len(train.y)], y[0, :len(train.y)] = local.apply_scaling(train.x, local.scaling_from(info.scaling)), train.y
-    return ClientData((x, y), jnp.asarray([len(train.y)], jnp.int32), jnp.asarray([index], jnp.int32))
+    data = _zeros(info)
+    x, y = data.x
+    start = int(data.starts[index])
+    x[start:start + len(train.y)] = local.apply_scaling(train.x, local.scaling_from(info.scaling))
+    y[start:start + len(train.y)] = train.y
+    return data.clients().take(jnp.asarray([index]))
 
 
 def check_columns(summaries, names) -> None:

@@ -83,7 +83,8 @@ class ClientRuntime:
 
     ``handle(message, store)`` answers one server message; ``store`` is the node's persistent
     dict (Flower's ``Context.state``), holding ``committed`` and ``pending`` client states.
-    ``data_fn(index)`` gives the client's own data (a ``ClientData`` with a leading axis of one)
+    ``data_fn(index)`` gives the client's own data (a ``ClientData`` of one client, its rows in the
+    run's layout)
     in place of its part of the built run's data; ``identity`` names a build that is not the
     config text's alone (runs of one text that ``build`` builds differently). ``programs`` is a
     folder where the compiled programs and the run's shapes are kept for the next process
@@ -105,11 +106,13 @@ class ClientRuntime:
         # compiles a batch of one differently from the simulator's batch of b clients (the
         # last bit of a reduction can differ), a batch of b identical copies exactly alike.
         self.width = self.b if self.cfg.get("flower", {}).get("exact", True) else 1
-        own = data_fn(index) if data_fn else jax.tree_util.tree_map(
-            lambda a: np.asarray(a)[index:index + 1], data.clients())
-        self.data = jax.tree_util.tree_map(lambda a: np.repeat(np.asarray(a), self.width, axis=0), own)
+        own = data_fn(index) if data_fn else data.clients().take(np.asarray([index]))
+        own = jax.tree_util.tree_map(np.asarray, own)
+        self.data = own.take(np.zeros((self.width,), np.int32))
         self.ids = np.full((self.width,), self.index, np.uint32)
-        self.folder, self.key = programs, f"{config_hash(cfg_text)}{identity}/width{self.width}"
+        # the layout's buckets are static in the programs: part of their key
+        layout = hashlib.sha256(repr((own.rows.buckets, own.rows.n_max)).encode()).hexdigest()[:16]
+        self.folder, self.key = programs, f"{config_hash(cfg_text)}{identity}/layout{layout}/width{self.width}"
         self.chain_keys, self.bc_like, self.cs_like, self.msg_like = programs_lib.cached(
             programs, self.key + "/shapes", lambda: self._likes(shared["dim"], r))
 
@@ -148,7 +151,7 @@ class ClientRuntime:
         kind = msg["kind"]
         if kind == "hello":  # what the server checks before round 1
             return {"index": self.index, "num_clients": self.b,
-                    "shapes": [list(a.shape[2:]) for a in jax.tree_util.tree_leaves(self.data)]}
+                    "shapes": [list(a.shape[1:]) for a in jax.tree_util.tree_leaves(self.data.rows.x)]}
         C = self.chain_keys.shape[0]
         flags = [jax.ShapeDtypeStruct((C,), jnp.bool_)]
         state_dir = Path(msg["state_dir"]) if msg.get("state_dir") else None
