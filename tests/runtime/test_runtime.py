@@ -131,6 +131,37 @@ def test_worker_errors_reach_the_caller(problem):
     assert res.samples.shape == (4, 4, model.dim)
 
 
+SHARED = """
+import os
+import numpy as np, fedmcmc
+from fedmcmc.compression import quantization
+from fedmcmc.data.synthetic import heterogeneous_gaussian
+from fedmcmc.models.gaussian import gaussian_mean
+from fedmcmc.runtime import workers
+from fedmcmc.samplers import qlsd_sharp
+data = heterogeneous_gaussian(num_clients=4, dim=3)
+sampler = qlsd_sharp(gaussian_mean(3), 1e-3, None, quantization(4))
+pooled = fedmcmc.simulate(0, sampler, data, np.zeros(3), 3, num_chains=4, workers=2).samples
+folder = workers._CACHE[0]
+workers._shutdown()
+alone = fedmcmc.simulate(0, sampler, data, np.zeros(3), 3, num_chains=4, workers=1).samples
+print("RESULT", np.array_equal(pooled, alone), os.path.exists(folder))
+"""
+
+
+def test_workers_compile_each_program_once():
+    """Two workers with blocks of the same size: the first compiles init and the chunk, the second
+    loads both from the pool's own compilation cache (no cache set by the user), which goes with the
+    pool; the draws are those of one process."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    out = subprocess.run([sys.executable, "-c", SHARED], capture_output=True, text=True, timeout=300,
+                         env={**env, "JAX_LOG_COMPILES": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-3:] == ["RESULT", "True", "False"]
+    for program in ("chain_init", "run_chunk"):
+        assert out.stderr.count(f"Persistent compilation cache hit for 'jit_{program}'") == 1, out.stderr[-3000:]
+
+
 def test_default_chunks_are_equal_when_they_can_be():
     """One compiled chunk program runs the whole run when equal chunks of at most 10,000 rounds exist."""
     from fedmcmc.core.checks import default_chunk
