@@ -15,7 +15,7 @@ compression is not enough: the QSGD decoding ``||v|| sign(v_i) l_i / s`` has nor
 clips after compression, on the message itself: a :class:`~fedmcmc.compression.QSGDMessage`
 gets its ``norm`` field scaled (levels and ``s`` untouched, so the format, the codec and the
 bit count are those of the inner message), and a plain array is scaled. The factor is
-computed from the decoded vector in float32 and shrunk by ``SAFETY`` (a relative ``2^-16``),
+computed from the decoded vector in float32 and shrunk by ``checks.SAFETY`` (a relative ``2^-16``),
 so that the float32 decoding of the scaled message is at most ``bound`` exactly, rounding
 included (``tests/compression/test_clipping.py``).
 
@@ -40,7 +40,6 @@ import jax.numpy as jnp
 from fedmcmc.compression.quantization import QSGDMessage
 from fedmcmc.core import checks
 from fedmcmc.core.base import Compressor
-from fedmcmc.core.checks import SAFETY
 from fedmcmc.core.types import Array, PRNGKey
 
 __all__ = ["clipped", "scale_message"]
@@ -77,7 +76,7 @@ def clipped(compressor: Compressor, bound: float) -> Compressor:
         If ``bound`` is not a finite positive number.
     """
     bound = checks.positive("clipping bound", bound, "; it is the largest norm of a client's decoded upload")
-    limit = jnp.float32(bound) * jnp.float32(SAFETY)
+    limit = jnp.float32(bound) * jnp.float32(checks.SAFETY)
 
     def apply(key: PRNGKey, v: Array, state):
         message, state, info = compressor.apply(key, v, state)

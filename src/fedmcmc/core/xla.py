@@ -95,8 +95,7 @@ def lower(fun, *args, **kwargs):
     """``jax.jit(fun, **kwargs).lower(*args)`` the way :func:`jit` compiles (YNNPACK option,
     unrolled threefry): ``.compile()`` gives the program :func:`jit` runs for these argument
     shapes, which can then be kept on disk (:mod:`fedmcmc.runtime.flower.programs`)."""
-    with _unrolled_threefry():
-        return jax.jit(fun, compiler_options=COMPILER_OPTIONS, **kwargs).lower(*args)
+    return jit(fun, **kwargs).lower(*args)
 
 
 def _lowest(dtype):
