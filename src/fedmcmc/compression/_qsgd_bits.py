@@ -32,8 +32,8 @@ def _fixed_body_bits(s, d: int) -> Array:
 #: Vectors up to this length get the gap code lengths of the sparse body from an
 #: unrolled loop over the coordinates (fast, one fusion); longer ones block by block.
 _UNROLL_MAX_D = 64
-#: Block length of the count for long vectors (:func:`_blocked_body_bits`); a gap inside a
-#: block is then shorter than 16 (:func:`_short_omega_length`).
+#: Block length of the count for long vectors (:func:`_blocked_body_bits`): a block's nonzeros
+#: are the bits of one int32, and a gap inside it is shorter than 16.
 _GAP_BLOCK = 16
 
 
@@ -59,12 +59,6 @@ def _gap_code_bits(nonzero: Array) -> Array:
     return total
 
 
-def _short_omega_length(n: Array) -> Array:
-    """:func:`elias_omega_length` for ``1 <= n < 16`` (a gap inside a block of 16): 1, 3, 6, 7
-    from ``n = 1, 2, 4, 8`` on, ``L(n) = 1 + 2[n >= 2] + 3[n >= 4] + [n >= 8]``."""
-    return 1 + 2 * (n >= 2).astype(jnp.int32) + 3 * (n >= 4).astype(jnp.int32) + (n >= 8).astype(jnp.int32)
-
-
 #: Bits of the dense term in a coordinate's code (:func:`_blocked_body_bits`): an omega code of
 #: ``n < 2**31`` is at most 42 bits long, so either term is at most 43 < 2**6, and the code
 #: ``dense + sparse * 2**6 < 2**12`` fits an int16.
@@ -72,24 +66,35 @@ _TERM_BITS = 6
 
 
 def _blocked_body_bits(mag: Array) -> tuple[Array, Array]:
-    """:func:`elias_body_bits` of long vectors (``d > _UNROLL_MAX_D``), in two passes over ``d``.
+    """:func:`elias_body_bits` of long vectors (``d > _UNROLL_MAX_D``), block by block.
 
     Each coordinate's two terms, ``omega(|l_i| + 1) + 1{l_i != 0}`` (dense body) and
     ``1{l_i != 0} [1 + omega(|l_i|)]`` (sparse body, 0 exactly at the zeros), are computed where
     the levels are read and stored together as one int16, ``dense + sparse * 2**6`` (each at
     most 43), in natural order (a fusion barrier: computed inside the transposing copy below,
-    the terms were evaluated in strided order, 3 times slower), then cut into ``nb`` blocks of ``B = _GAP_BLOCK`` coordinates (zero-padded at the end:
-    a zero code adds nothing) and stored position-major, so that every step of the walk reads
-    a contiguous row. One fused kernel then walks the ``B`` positions of all blocks at once,
-    adding up per block the two terms, the nonzeros (``sparse > 0``) and the codes of the gaps
-    inside the block (``omega(n)`` for ``n < B``, :func:`_short_omega_length`), and keeping
-    each block's first and last nonzero. A gap that crosses blocks starts at the block's first
-    nonzero and ends at the last nonzero of all earlier blocks, an exclusive max-scan over the
-    ``nb = d / B`` blocks only; then the block sums are added up. Every sum is of integers, so
-    the lengths are those of the short path exactly. The levels are read once and the int16
-    codes twice; before, each of the three sums over ``d`` stored its int32 operand at full
-    size first (XLA's CPU tree reduction) and the nonzero mask was transposed as int8 for the
-    gap walk: 11.5 ms against 9.4 for ``[20, 79510]`` levels of 8-bit QSGD (issue 17).
+    the terms were evaluated in strided order, 3 times slower), then cut into ``nb`` blocks of
+    ``B = _GAP_BLOCK`` coordinates (zero-padded at the end: a zero code adds nothing) and
+    stored position-major, so that every step of the walk reads a contiguous row. One fused
+    kernel walks the ``B`` positions of all blocks at once, adding up per block the two terms
+    and setting bit ``j`` of the block's mask ``m`` when position ``j`` is nonzero. The rest is
+    bit arithmetic on the masks: the block's nonzeros ``popcount(m)``, its first and last
+    nonzero (lowest and highest set bits), and the codes of the gaps inside it. A nonzero ``j``
+    after the block's first has ``n = j - prev_j < 16``, with ``omega(n) = 1 + 2[n >= 2] +
+    3[n >= 4] + [n >= 8]``, and ``n >= t`` exactly when the ``t - 1`` positions before ``j`` are
+    zero, so with ``m' = m & (m - 1)`` (the first dropped) and ``s_t = OR_{k=1}^{t-1} m << k``
+
+    .. math::
+
+        \\sum_{j \\in m'} \\omega(n_j) = |m'| + 2 |m' \\setminus s_2| + 3 |m' \\setminus s_4|
+                                       + |m' \\setminus s_8|.
+
+    A gap that crosses blocks starts at the block's first nonzero and ends at the last nonzero
+    of all earlier blocks, an exclusive max-scan over the ``nb = d / B`` blocks only; then the
+    block sums are added up. Every sum is of integers, so the lengths are those of the short
+    path exactly (tests/compression/). The levels are read once and the int16 codes twice;
+    before, each of the three sums over ``d`` stored its int32 operand at full size first (XLA's
+    CPU tree reduction), the nonzero mask was transposed as int8, and the walk evaluated every
+    gap's code: 12.4 ms against 6.6 for ``[20, 79510]`` levels of 8-bit QSGD (issue 17).
     """
     d, batch, width = mag.shape[-1], mag.shape[:-1], _GAP_BLOCK
     nb = -(-d // width)
@@ -99,18 +104,22 @@ def _blocked_body_bits(mag: Array) -> tuple[Array, Array]:
     code = fusion_barrier((dense + (sparse << _TERM_BITS)).astype(jnp.int16))
     blocks = jnp.pad(code, [(0, 0)] * len(batch) + [(0, nb * width - d)])
     rows = materialize(jnp.swapaxes(blocks.reshape(batch + (nb, width)), -1, -2))  # [..., B, nb]
-    first = prev = jnp.full(batch + (nb,), -1, dtype=jnp.int32)
-    inside = dense_sum = sparse_sum = nnz = jnp.zeros(batch + (nb,), dtype=jnp.int32)
+    dense_sum = sparse_sum = mask = jnp.zeros(batch + (nb,), dtype=jnp.int32)
     low = (1 << _TERM_BITS) - 1
     for j in range(width):
         c = rows[..., j, :].astype(jnp.int32)
-        nz_j = c > low
         dense_sum = dense_sum + (c & low)
         sparse_sum = sparse_sum + (c >> _TERM_BITS)
-        nnz = nnz + nz_j.astype(jnp.int32)
-        inside = inside + jnp.where(nz_j & (prev >= 0), _short_omega_length(j - prev), 0)
-        first = jnp.where(nz_j & (first < 0), jnp.int32(j), first)
-        prev = jnp.where(nz_j, jnp.int32(j), prev)
+        mask = mask | ((c > low).astype(jnp.int32) << j)  # bit j: position j is nonzero
+    nnz = lax.population_count(mask)
+    first = jnp.where(mask != 0, lax.population_count((mask & -mask) - 1), -1)  # lowest set bit
+    prev = 31 - lax.clz(mask)  # highest set bit (-1 if none)
+    later = mask & (mask - 1)  # m': the nonzeros after the block's first
+    s1 = mask << 1
+    s3 = s1 | (mask << 2) | (mask << 3)
+    s7 = s3 | (mask << 4) | (mask << 5) | (mask << 6) | (mask << 7)
+    count = lax.population_count
+    inside = count(later) + 2 * count(later & ~s1) + 3 * count(later & ~s3) + count(later & ~s7)
     start = jnp.arange(nb, dtype=jnp.int32) * width
     last = lax.associative_scan(jnp.maximum, jnp.where(prev >= 0, start + prev, -1), axis=len(batch))
     before = jnp.concatenate([jnp.full(batch + (1,), -1, dtype=jnp.int32), last[..., :-1]], axis=-1)
