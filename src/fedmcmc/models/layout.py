@@ -17,6 +17,7 @@ Blocks are stored in order, each block row-major (C order), so ``flatten`` and
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -85,8 +86,12 @@ class ParamLayout:
         if theta.shape[-1:] != (self.dim,):
             raise ValueError(f"theta must have last axis {self.dim} (got shape {theta.shape})")
         lead = theta.shape[:-1]
-        return {name: theta[..., sl].reshape(lead + shape)
-                for (name, sl), shape in zip(self.slices.items(), self.block_shapes)}
+        # one split, not a slice per block: the gradient of a split is ONE concatenation of the
+        # blocks' gradients, where that of slices is a sum of zero-padded copies of theta's size
+        # (a full-length buffer per block, re-added in every consumer of the gradient)
+        blocks = jnp.split(theta, list(itertools.accumulate(self.sizes[:-1])), axis=-1)
+        return {name: block.reshape(lead + shape)
+                for name, block, shape in zip(self.names, blocks, self.block_shapes)}
 
     def flatten(self, params: Mapping) -> jax.Array:
         """The inverse of :meth:`unflatten` (blocks may carry the same leading batch axes)."""
