@@ -1,11 +1,13 @@
 """The command line: outputs, resume after a kill, and one-line errors for bad input."""
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,25 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.g
 def fedmcmc(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "fedmcmc", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=ENV, cwd=ROOT)
+
+
+def refused(*args):
+    """The command line run in this process, for input it refuses before running anything (the
+    subprocess tests above and below check the same exit codes end to end): its exit code and
+    printed lines, as :func:`fedmcmc` returns them. The worker count it sets is put back."""
+    from fedmcmc.app import cli
+    from fedmcmc.runtime import cpu
+
+    workers, out, err = cpu.default_workers(), io.StringIO(), io.StringIO()
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = cli.main([str(a) for a in args])
+            except SystemExit as exit_:  # argparse's own errors
+                code = exit_.code
+    finally:
+        cpu.tune(workers)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 CONFIG = """
@@ -115,7 +136,7 @@ def test_killed_run_resumes_to_the_same_samples(tmp_path):
     (dict(sampler="qlsd-magic"), ["unknown sampler", "qlsd*"]),
 ])
 def test_bad_config_values_give_one_clear_line(tmp_path, change, fragments):
-    proc = fedmcmc("run", write_config(tmp_path / "c.toml", **change), "--out", tmp_path / "o")
+    proc = refused("run", write_config(tmp_path / "c.toml", **change), "--out", tmp_path / "o")
     assert_one_line_error(proc, *fragments)
 
 
@@ -123,22 +144,22 @@ def test_missing_and_malformed_files(tmp_path):
     assert_one_line_error(fedmcmc("run", tmp_path / "nope.toml"), "not found")
     bad = tmp_path / "bad.toml"
     bad.write_text("[sampler\nname = 'qlsd'")
-    assert_one_line_error(fedmcmc("run", bad), "not valid TOML")
+    assert_one_line_error(refused("run", bad), "not valid TOML")
     typo = tmp_path / "typo.toml"
     typo.write_text(write_config(tmp_path / "c.toml").read_text().replace("num_clients = 5", "num_clients = 'five'"))
-    assert_one_line_error(fedmcmc("run", typo), "num_clients must be")
+    assert_one_line_error(refused("run", typo), "num_clients must be")
     partial = tmp_path / "partial.toml"
     partial.write_text("[problem]\nname = 'heterogeneous-gaussian'\n")
-    assert_one_line_error(fedmcmc("run", partial), "[sampler]")
+    assert_one_line_error(refused("run", partial), "[sampler]")
     schedule = write_config(tmp_path / "schedule.toml", iterations=2001)  # thinning = 5
-    assert_one_line_error(fedmcmc("run", schedule, "--out", tmp_path / "never"), "multiple of thinning")
+    assert_one_line_error(refused("run", schedule, "--out", tmp_path / "never"), "multiple of thinning")
     assert not (tmp_path / "never").exists()  # refused before anything is written
 
 
 def test_unknown_experiment_and_bad_overrides():
     assert_one_line_error(fedmcmc("reproduce", "no-such-study"), "unknown experiment", "fedmcmc list")
-    assert_one_line_error(fedmcmc("reproduce", "qlsd-toy-gaussian", "--set", "gamma=1"), "KEY one of", "step_size")
-    assert_one_line_error(fedmcmc("reproduce", "qlsd-toy-gaussian", "--set", "step_size=-1"), "step_size must be > 0")
+    assert_one_line_error(refused("reproduce", "qlsd-toy-gaussian", "--set", "gamma=1"), "KEY one of", "step_size")
+    assert_one_line_error(refused("reproduce", "qlsd-toy-gaussian", "--set", "step_size=-1"), "step_size must be > 0")
 
 
 def test_divergence_names_the_step_size_to_lower(tmp_path):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from test_cli import assert_one_line_error, fedmcmc
+from test_cli import assert_one_line_error, fedmcmc, refused
 from test_fahmc_experiments import reproduce
 
 
@@ -84,4 +84,4 @@ def test_run_config_cg_dsgld(tmp_path):
 def test_bad_dsgld_configs(tmp_path, name, extra, fragments):
     cfg = tmp_path / "c.toml"
     cfg.write_text(BLOBS.format(name=name, extra=extra))
-    assert_one_line_error(fedmcmc("run", cfg, "--out", tmp_path / "o"), *fragments)
+    assert_one_line_error(refused("run", cfg, "--out", tmp_path / "o"), *fragments)

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from test_cli import ENV, ROOT, assert_one_line_error, fedmcmc
+from test_cli import ENV, ROOT, assert_one_line_error, fedmcmc, refused
 
 
 def reproduce(tmp_path, name, *sets):
@@ -86,9 +86,9 @@ def test_fahmc_local_steps(tmp_path, monkeypatch):
 
 
 def test_list_settings_are_checked():
-    assert_one_line_error(fedmcmc("reproduce", "fahmc-vs-fald", "--set", "step_sizes=0.1,x"), "step_sizes",
+    assert_one_line_error(refused("reproduce", "fahmc-vs-fald", "--set", "step_sizes=0.1,x"), "step_sizes",
                           "separated by commas")
-    assert_one_line_error(fedmcmc("reproduce", "fahmc-local-steps", "--set", "local_steps=1,2.5"), "integer")
+    assert_one_line_error(refused("reproduce", "fahmc-local-steps", "--set", "local_steps=1,2.5"), "integer")
 
 
 def test_fa_hmc_run_config(tmp_path):
@@ -121,4 +121,4 @@ def test_fa_hmc_config_errors(tmp_path):
     for i, (text, fragment) in enumerate(cases):
         path = tmp_path / f"c{i}.toml"
         path.write_text(text)
-        assert_one_line_error(fedmcmc("run", path, "--out", tmp_path / f"o{i}", "--no-progress"), fragment)
+        assert_one_line_error(refused("run", path, "--out", tmp_path / f"o{i}", "--no-progress"), fragment)
