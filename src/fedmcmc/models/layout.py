@@ -17,7 +17,6 @@ Blocks are stored in order, each block row-major (C order), so ``flatten`` and
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -89,7 +88,7 @@ class ParamLayout:
         # one split, not a slice per block: the gradient of a split is ONE concatenation of the
         # blocks' gradients, where that of slices is a sum of zero-padded copies of theta's size
         # (a full-length buffer per block, re-added in every consumer of the gradient)
-        blocks = jnp.split(theta, list(itertools.accumulate(self.sizes[:-1])), axis=-1)
+        blocks = jnp.split(theta, [sl.stop for sl in self.slices.values()][:-1], axis=-1)
         return {name: block.reshape(lead + shape)
                 for name, block, shape in zip(self.names, blocks, self.block_shapes)}
 
