@@ -98,9 +98,7 @@ def _blocked_body_bits(mag: Array) -> tuple[Array, Array]:
     """
     d, batch, width = mag.shape[-1], mag.shape[:-1], _GAP_BLOCK
     nb = -(-d // width)
-    nonzero = mag != 0
-    dense = elias_omega_length(mag + 1) + nonzero.astype(jnp.int32)
-    sparse = jnp.where(nonzero, 1 + elias_omega_length(mag), 0)
+    _, dense, sparse = _coordinate_terms(mag)
     code = fusion_barrier((dense + (sparse << _TERM_BITS)).astype(jnp.int16))
     blocks = jnp.pad(code, [(0, 0)] * len(batch) + [(0, nb * width - d)])
     rows = materialize(jnp.swapaxes(blocks.reshape(batch + (nb, width)), -1, -2))  # [..., B, nb]
@@ -178,19 +176,22 @@ def qsgd_encoded_bits(signed_levels: Array, s=None) -> Array:
     return (HEADER_BITS + body).astype(jnp.int32)
 
 
+def _coordinate_terms(mag: Array) -> tuple[Array, Array, Array]:
+    """Each coordinate's nonzero flag and its shares of the two bodies, from ``mag = |l|``:
+    ``omega(|l_i| + 1) + 1{l_i != 0}`` (dense) and ``1{l_i != 0} [1 + omega(|l_i|)]`` (sparse,
+    0 exactly at the zeros)."""
+    nonzero = mag != 0
+    return (nonzero, elias_omega_length(mag + 1) + nonzero.astype(jnp.int32),
+            jnp.where(nonzero, 1 + elias_omega_length(mag), 0))
+
+
 def elias_body_bits(levels: Array) -> tuple[Array, Array]:
     """Lengths in bits of the sparse and dense bodies of ``levels [..., d]`` (int32); long
     vectors (``d > _UNROLL_MAX_D``) in blocks, :func:`_blocked_body_bits`."""
+    mag = jnp.abs(levels.astype(jnp.int32))
     if levels.shape[-1] > _UNROLL_MAX_D:
-        return _blocked_body_bits(jnp.abs(levels.astype(jnp.int32)))
-    mag = materialize(jnp.abs(levels.astype(jnp.int32)))
-    nonzero = mag != 0
-    nz = nonzero.astype(jnp.int32)
-    dense = jnp.sum(elias_omega_length(mag + 1) + nz, axis=-1)
-    nnz = jnp.sum(nz, axis=-1)
-    sparse = (
-        elias_omega_length(nnz + 1)
-        + _gap_code_bits(nonzero)
-        + jnp.sum(jnp.where(nonzero, 1 + elias_omega_length(mag), 0), axis=-1)
-    )
-    return sparse, dense
+        return _blocked_body_bits(mag)
+    nonzero, dense, sparse = _coordinate_terms(materialize(mag))
+    nnz = jnp.sum(nonzero.astype(jnp.int32), axis=-1)
+    sparse = elias_omega_length(nnz + 1) + _gap_code_bits(nonzero) + jnp.sum(sparse, axis=-1)
+    return sparse, jnp.sum(dense, axis=-1)
