@@ -424,3 +424,27 @@ def test_a_kept_program_is_loaded_by_another_process_and_gives_the_same_bits(tmp
     assert runs[0][0] == "Compiled" and runs[1][0] == programs.Program.__name__ and runs[0][1:] == runs[1][1:]
     assert len(list(tmp_path.glob("*.exe"))) == 1
 
+
+
+def test_a_program_is_checked_before_other_processes_can_load_it(tmp_path, monkeypatch):
+    """The nodes of one machine share the programs folder: a program is loaded back and checked
+    before it takes its place there, so another node's process never loads one that fails the
+    check (an executable that JAX itself loaded from its persistent cache serialises without its
+    kernels: a node once ran such a file in the moment before it was removed, and failed)."""
+    import jax.numpy as jnp
+
+    from fedmcmc.runtime.flower import programs
+
+    real_load, seen = programs._load, []
+
+    def broken(path):
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))  # what other processes could load now
+        real_load(path)
+        raise RuntimeError("NOT_FOUND: Function fusion not found")
+
+    monkeypatch.setattr(programs, "_load", broken)
+    args = (np.linspace(0, 1, 5, dtype=np.float32),)
+    p = programs.program(tmp_path, "g", lambda x: jnp.tanh(x) * 3, args)
+    np.testing.assert_allclose(np.asarray(p(*args)), np.tanh(args[0]) * 3, rtol=1e-6)  # the compiled program
+    assert len(seen) == 1 and not any(name.endswith(".exe") for name in seen[0])  # only the checked .tmp
+    assert list(tmp_path.iterdir()) == []  # the failed program is not kept

@@ -51,12 +51,16 @@ def _path(folder, key: str, suffix: str) -> Path | None:
     return Path(folder) / f"{digest}{suffix}"
 
 
-def _write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (another node's process may read it meanwhile)."""
+def _write(path: Path, data: bytes, check: Callable[[Path], bool] = lambda tmp: True) -> None:
+    """Write ``data`` to ``path`` atomically, if ``check`` accepts the written file: another node's
+    process may read ``path`` at any time, so it only ever sees a whole file that passed the check."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
-    os.replace(tmp, path)
+    if check(tmp):
+        os.replace(tmp, path)
+    else:
+        tmp.unlink(missing_ok=True)
 
 
 def cached(folder, key: str, make: Callable[[], Any]) -> Any:
@@ -110,7 +114,10 @@ def program(folder, key: str, fun: Callable, args: tuple) -> Callable:
     exactly these shapes and dtypes.
 
     An executable is kept (the way JAX's persistent cache keeps one) only if, loaded back, it
-    gives the compiled program's outputs bit for bit on ``args``."""
+    gives the compiled program's outputs bit for bit on ``args``; it is checked before it takes its
+    place in ``folder``, so a process never loads one that failed (the nodes of one machine share
+    the folder: a node once ran an executable without its kernels that another had just written,
+    and its message failed)."""
     leaves, tree = jax.tree_util.tree_flatten(shapes(args))
     path = _path(folder, f"{key}\0{tree}\0{[(a.shape, str(a.dtype)) for a in leaves]}", ".exe")
     if path is not None and path.exists():
@@ -122,13 +129,14 @@ def program(folder, key: str, fun: Callable, args: tuple) -> Callable:
     if path is None or compiled._params.const_args:  # constants are not part of the executable: not kept
         return compiled
     executable = compiled._executable.xla_executable
-    _write(path, pickle.dumps((executable.client.serialize_executable(executable), compiled.out_tree)))
-    try:  # an executable JAX itself loaded from its persistent cache serialises without its kernels
-        want, got = compiled(*args), _load(path)(*args)
-        same = jax.tree_util.tree_all(jax.tree_util.tree_map(
-            lambda a, b: np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True), want, got))
-    except Exception:  # noqa: BLE001 - not loadable: not kept
-        same = False
-    if not same:
-        path.unlink(missing_ok=True)
+
+    def same(tmp: Path) -> bool:
+        try:  # an executable JAX itself loaded from its persistent cache serialises without its kernels
+            want, got = compiled(*args), _load(tmp)(*args)
+            return jax.tree_util.tree_all(jax.tree_util.tree_map(
+                lambda a, b: np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True), want, got))
+        except Exception:  # noqa: BLE001 - not loadable: not kept
+            return False
+
+    _write(path, pickle.dumps((executable.client.serialize_executable(executable), compiled.out_tree)), same)
     return compiled
