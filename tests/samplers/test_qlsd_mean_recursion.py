@@ -17,7 +17,9 @@ So the sample mean of theta_k over many independent chains must match the recurs
 standard errors (the s.e. from the spread across chains) at every round. The rounds span two anchor
 moves of QLSD++ (l = 3), so clients that miss a refresh and catch up later are exercised; the
 data and settings are those of the issue's report (heterogeneous Gaussian, d = 5, 10 clients,
-minibatches of N_i / 5, p = 0.5), which showed QLSD++ 28 s.e. off before the fix.
+minibatches of N_i / 5, p = 0.5), which showed QLSD++ 28 s.e. off before the fix (with 4,000
+chains). 2,000 chains keep that power with room to spare: the reported case's old bias is 40 s.e.
+here (56 with 4,000 chains), and the test needs 20.
 """
 
 import numpy as np
@@ -32,7 +34,7 @@ from fedmcmc.samplers import lsd_pp, lsd_star, qlsd_pp, qlsd_sharp, qlsd_star
 from fedmcmc.runtime.simulator import simulate
 
 Z = 5.0
-CHAINS = 4000
+CHAINS = 2000
 ROUNDS = 6
 L = 3
 P = 0.5
@@ -104,4 +106,4 @@ def test_the_reported_qlsd_pp_case_is_unbiased_and_the_test_would_see_the_old_bi
                       refresh_every=100)
     gap, se = check_mean_recursion(sampler, 0.0, "qlsd++ as reported", rounds=2)
     old_bias = GAMMA * (1 - P) * N * np.abs(THETA0 - XBAR)  # the clients' potentials carry no prior
-    assert np.max(old_bias / se[1]) > 20, old_bias / se[1]  # (it is 56 s.e. on the 4th coordinate)
+    assert np.max(old_bias / se[1]) > 20, old_bias / se[1]  # (it is 40 s.e. on the 4th coordinate)
