@@ -272,30 +272,38 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
                                                                                             server_identity):
     """Uploads travel in an ArrayRecord of train messages, so Flower mods see them: a mod that
     records what it sees and the reply-size limit mod leave the samples bit for bit, with node 0
-    restarted after round 1 (it rejoins under its partition from its saved state); a limit below
-    one upload's size refuses every upload (every client inactive, never applied)."""
-    from fedmcmc.app.flower.apps import ARRAYS, make_client_app, reply_limit_mod
+    restarted after round 1 (it rejoins under its partition from its saved state) and a ``hold``
+    queued behind every message (``[flower] hold = true``: answered at once, its reply dropped);
+    a limit below one upload's size refuses every upload (every client inactive, never applied)."""
+    from fedmcmc.app.flower.apps import ARRAYS, HOLD, from_content, make_client_app, reply_limit_mod
     from fedmcmc.app.flower.grid import GridTransport
 
     seen = []
 
     def spy(msg, context, call_next):
         reply = call_next(msg, context)
-        seen.append((msg.metadata.message_type, {k: v.dtype for k, v in reply.content[ARRAYS].items()}))
+        seen.append((msg.metadata.message_type, {k: v.dtype for k, v in reply.content[ARRAYS].items()},
+                     from_content(msg.content)["kind"]))
         return reply
 
-    text = QLSD_PP.replace("num_iterations = 6", "num_iterations = 4")
-    for limit, out in ((10_000, tmp_path / "big"), (8, tmp_path / "small")):
+    base = QLSD_PP.replace("num_iterations = 6", "num_iterations = 4")
+    for limit, out, text in ((10_000, tmp_path / "big", base + "\n[flower]\nhold = true\n"),
+                             (8, tmp_path / "small", base)):
         grid = InProcessGrid(make_client_app([reply_limit_mod(limit), spy]), 3, text, restart=(1, 100))
         server = ServerRuntime(text, out, config.from_text)
         transport = GridTransport(grid, server.b, server.flower)
         res = server.run(transport)
         if limit == 10_000:
-            np.testing.assert_array_equal(res.samples, reference(text).samples)  # bit for bit
+            np.testing.assert_array_equal(res.samples, reference(base).samples)  # bit for bit
             assert server.stats["missing_replies"] == 0 and 200 in transport.index  # node 0 rejoined
+            kinds = [kind for _, _, kind in seen]
+            # a hold behind each init and round message, answered; the one queued for node 0 as it
+            # restarted went to its old node id
+            assert kinds.count(HOLD) == kinds.count("init") + kinds.count("round") - 1 > 0
+            seen.clear()
         else:
             assert server.stats["missing_replies"] > 0 and int(res.active.sum()) == 0  # none applied
-    train = [arrays for kind, arrays in seen if kind == "train"]
+    train = [arrays for kind, arrays, _ in seen if kind == "train"]
     assert train and all(arrays and all(dt == "uint8" for dt in arrays.values()) for arrays in train)
 
 
