@@ -31,9 +31,9 @@ test: $(STAMP)
 	-@$(MAKE) --no-print-directory fashion-mnist  # tests that need it say so and skip if this fails
 	# four workers on two cores: the Flower deployment test and the tests that start processes mostly
 	# wait, and the other workers keep both cores busy meanwhile (16:42 and 17:09 against 17:17 with
-	# three, fresh-clone runs: within the noise;
-	# 16:34 with five against 15:28 with four, on 2026-11-25: the cores stay busy, five only add CPU); a test file stays on one worker (shared fixtures
-	# once); files start in tests/conftest.py's order (longest first), not xdist's default
+	# three, fresh-clone runs: within the noise; 16:34 with five against 15:28 with four on
+	# 2026-11-25: the cores stay busy, a fifth only adds CPU); a test file stays on one worker
+	# (shared fixtures once); files start in tests/conftest.py's order (longest first), not xdist's default
 	$(BIN)/python -m pytest -q -n 4 --dist loadfile --no-loadscope-reorder --durations=25
 
 bench: $(STAMP)
