@@ -433,7 +433,6 @@ def test_a_kept_program_is_loaded_by_another_process_and_gives_the_same_bits(tmp
     assert len(list(tmp_path.glob("*.exe"))) == 1
 
 
-
 def test_a_program_is_checked_before_other_processes_can_load_it(tmp_path, monkeypatch):
     """The nodes of one machine share the programs folder: a program is loaded back and checked
     before it takes its place there, so another node's process never loads one that fails the
