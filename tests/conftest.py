@@ -4,6 +4,12 @@ import sys
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One OpenBLAS thread in the test processes and every process they start (NumPy's and SciPy's
+# BLAS, and jaxlib's LAPACK kernels, which are SciPy's). `make test` runs four workers on two
+# cores; a BLAS call split over two threads then waits, spinning, for a thread that is not
+# running: eigvalsh of a 784 x 784 matrix under the suite's load took 1.8-3.2 s of CPU with two
+# threads and 0.47 s with one (2026-11-25). Every test passes either way.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
 # One XLA compilation cache for the whole test session, shared by the xdist workers and every
