@@ -12,9 +12,15 @@ no device count. What fedmcmc needs for speed it asks for per program, in :func:
    put in place, and the previous rule is put back straight after: the same hash, as
    straight-line code that XLA fuses.
 
-Both change how XLA fuses, hence possibly the last bit of a float, so every program whose
-numbers must agree (the simulator, its worker processes and the Flower runtime) is compiled
-by this :func:`jit`, and the agreement is tested.
+3. **Eigen's dot and convolution kernels on the calling thread** (``xla_cpu_multi_thread_eigen``
+   false, this program only). Split over XLA's intra-op threads they add in another order, so
+   a program gave other last bits in a process with two threads than in a worker process with
+   one (AMD EPYC, 2026-11-27: a QLSD++ block of 2 chains on breast cancer, 1.5e-8 apart). The
+   worker processes, one per core, ran so already; the user's process now does too.
+
+All three change how XLA fuses or adds, hence possibly the last bit of a float, so every program
+whose numbers must agree (the simulator, its worker processes and the Flower runtime) is
+compiled by this :func:`jit`, and the agreement is tested.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import threading
 
 import jax
 
-COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_multi_thread_eigen": False}
 """XLA options of every fedmcmc program (they apply to that program only)."""
 
 _LOWERING_LOCK = threading.RLock()  # re-entrant: one of our programs may trace another

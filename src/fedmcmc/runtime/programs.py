@@ -161,13 +161,13 @@ def inputs(seed: int, chains: range, theta0, width: int):
 
 
 def compile_block(sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, seed: int,
-                  chains: range, theta0, lengths) -> None:
+                  chains: range, theta0, width: int, lengths) -> None:
     """Compile, without running them, the programs that :class:`Chains` of these chains runs: init,
     and the chunk of ``(num_draws, thinning)`` for each pair of ``lengths``. A worker process does
     this before the others start blocks of the same shape, which then load the programs from JAX's
     compilation cache instead of compiling them too (:mod:`fedmcmc.runtime.workers`)."""
     init, chunk = build(sampler, data, statistic, None)
-    keys, theta0 = inputs(seed, chains, theta0, len(chains))
+    keys, theta0 = inputs(seed, chains, theta0[:width], width)
     with fitting(tuple(theta0.shape[1:])):
         lowered = init.lower(keys, theta0)
         lowered.compile()

@@ -13,6 +13,10 @@ the clients being run (all of them in the simulator, one in a Flower node), and 
 functions run those clients under ``vmap``. The simulator (:mod:`fedmcmc.runtime.simulator`) and the
 Flower runtime (:mod:`fedmcmc.runtime.flower`) add only what is theirs: chunks and chains, or
 messages.
+
+Chains (on CPU) are computed in blocks (:func:`block_width`, :func:`blockwise`): every program
+of a run, in every runtime and process, computes the same consecutive chains at once, so that a
+chain's numbers never depend on how many chains share its program or which process runs it.
 """
 
 from __future__ import annotations
@@ -22,9 +26,54 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedmcmc.core.base import CLIENT_AXES, FederatedSampler
 from fedmcmc.core.xla import fusion_barrier, materialize
+from fedmcmc.runtime.devices import pad
+
+
+#: The most chains one compiled program computes on CPU (:func:`block_width`).
+BLOCK_CHAINS = 8
+
+
+def block_width(num_chains: int) -> int:
+    """Chains per program: a run's chains are computed in ``ceil(num_chains / BLOCK_CHAINS)``
+    blocks of consecutive chains, ``[j w, (j + 1) w)`` with ``w`` this width (the last block padded
+    with copies of its last chain), in every runtime and process (the simulator in one process
+    or over workers, a Flower node, a Flower server).
+
+    Why: XLA's CPU kernels for a dot product choose their blocking, hence the order in which
+    they add, from the operands' shapes, and under ``vmap`` the chains are one of those
+    dimensions; on AMD EPYC (AVX2) a chain's logistic-regression gradient differed in its last
+    bit between programs of 1, 2, 3 and 9 chains (2026-11-27), so a run split 2 + 3 over two
+    workers did not give the draws of the same 5 chains in one program. With the blocks fixed
+    by ``num_chains`` alone, every chain is computed by the same program wherever it runs.
+    """
+    blocks = -(-num_chains // BLOCK_CHAINS)
+    return -(-num_chains // max(blocks, 1))
+
+
+def blockwise(program, width: int, chain_args: int):
+    """``program(*args)`` run on blocks of ``width`` chains (:func:`block_width`): ``program`` is
+    vmapped over chains, its first ``chain_args`` arguments and all its outputs have the chains
+    first, the other arguments are shared. The chains are cut into consecutive blocks of
+    ``width`` from the first, the last padded with copies of its last chain; the outputs are
+    put back together without the padding."""
+
+    def run(*args):
+        num_chains = jax.tree_util.tree_leaves(args[0])[0].shape[0]
+        if num_chains == width:
+            return program(*args)
+        outs = []
+        for start in range(0, num_chains, width):
+            block = [jax.tree_util.tree_map(lambda a: pad(np.asarray(a)[start:start + width], width), x)
+                     for x in args[:chain_args]]
+            n = min(width, num_chains - start)
+            outs.append(jax.tree_util.tree_map(lambda a: np.asarray(a)[:n], program(*block, *args[chain_args:])))
+        return jax.tree_util.tree_map(lambda *parts: np.concatenate(parts), *outs)
+
+    return run
 
 
 def chain_keys(seed: int, chains) -> jax.Array:

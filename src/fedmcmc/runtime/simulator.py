@@ -6,10 +6,12 @@ the draws are appended to ``out_dir`` and the full state is checkpointed
 (:mod:`fedmcmc.runtime.records`), so a run that was killed resumes from its last completed
 chunk (``resume=True``) and gives exactly the samples of an uninterrupted run.
 
-Chains run in blocks (:class:`Chains`): one block in this process by default, or one block
-per worker process after :func:`fedmcmc.tune_cpu` (:mod:`fedmcmc.runtime.workers`), or split over
-local GPUs (:mod:`fedmcmc.runtime.devices`). A block derives its chains' keys from their global
-indices, so the split never changes a sample.
+Chains run in blocks of consecutive chains (:class:`Chains`): all of them in this process by
+default, or spread over worker processes after :func:`fedmcmc.tune_cpu`
+(:mod:`fedmcmc.runtime.workers`), or split over local GPUs (:mod:`fedmcmc.runtime.devices`). A
+block derives its chains' keys from their global indices, and on CPU every program computes the
+run's fixed blocks of :func:`fedmcmc.runtime.round.block_width` chains wherever it runs, so the
+split never changes a sample.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
 from fedmcmc.runtime import cpu, devices as placement
 from fedmcmc.runtime.programs import build, fitting, inputs, total
+from fedmcmc.runtime.round import block_width, blockwise
 from fedmcmc.runtime.records import (SimulationResult, assemble, check_finite, fingerprint,
                                      save_npz)
 
@@ -44,11 +47,15 @@ class Chains:
     """
 
     def __init__(self, sampler: FederatedSampler, data: FederatedData, statistic: Callable | None, seed: int,
-                 chains: range, theta0, devices: tuple | None = None):
+                 chains: range, theta0, devices: tuple | None = None, width: int | None = None):
         self.chains = chains
-        self.init, self.chunk = build(sampler, data, statistic, devices)
-        self.width = placement.width(len(chains), devices)
-        self.keys, theta0 = inputs(seed, chains, theta0, self.width)
+        init, chunk = build(sampler, data, statistic, devices)
+        # programs of `width` chains: the run's blocks (round.block_width), computed one after the
+        # other; or one program of all chains padded to a multiple of the devices, held padded
+        self.width = placement.width(len(chains), devices) if devices is not None else width or len(chains)
+        self.init, self.chunk = blockwise(init, self.width, 2), blockwise(chunk, self.width, 2)
+        self.held = len(chains) if devices is None else self.width
+        self.keys, theta0 = inputs(seed, chains, theta0, self.held)
         self.theta_shape = tuple(theta0.shape[1:])
         with self._fitting():
             self.carry, (up, down) = self.init(self.keys, theta0)
@@ -78,7 +85,7 @@ class Chains:
 
     def restore(self, leaves) -> None:
         treedef = jax.tree_util.tree_structure(self.carry)
-        self.carry = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(placement.pad(x, self.width))
+        self.carry = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(placement.pad(x, self.held))
                                                             for x in leaves])
 
     def submit(self, method: str, *args) -> None:
@@ -90,13 +97,12 @@ class Chains:
         return self._result
 
 
-def _blocks(num_chains: int, workers: int) -> list[range]:
-    """Consecutive chain indices, split as evenly as possible over at most ``workers`` blocks of
-    at least 2 chains: XLA compiles a batch of one chain differently (it drops the axis), which
-    can change the last bit of a sample, while batches of 2 or more give every chain the same
-    numbers (tested)."""
-    workers = max(1, min(workers, num_chains // 2))
-    edges = np.linspace(0, num_chains, workers + 1).round().astype(int)
+def _blocks(num_chains: int, workers: int, width: int) -> list[range]:
+    """Consecutive chain indices for at most ``workers`` processes, each a run of whole blocks of
+    ``width`` chains (:func:`fedmcmc.runtime.round.block_width`), spread as evenly as possible."""
+    blocks = -(-num_chains // width)
+    edges = np.minimum(np.linspace(0, blocks, max(1, min(workers, blocks)) + 1).round().astype(int) * width,
+                       num_chains)
     return [range(a, b) for a, b in zip(edges[:-1], edges[1:])]
 
 
@@ -110,14 +116,16 @@ def _start(seed: int, sampler: FederatedSampler, data: FederatedData, statistic,
         return [Chains(sampler, data, statistic, seed, range(theta0.shape[0]), theta0, spread)]
     if workers is None:
         workers = cpu.default_workers()
-    if jax.default_backend() != "cpu":
-        workers = 1
-    ranges = _blocks(theta0.shape[0], workers)
+    num_chains = theta0.shape[0]
+    if jax.default_backend() != "cpu":  # one program of every chain on a GPU or TPU
+        return [Chains(sampler, data, statistic, seed, range(num_chains), theta0)]
+    width = block_width(num_chains)
+    ranges = _blocks(num_chains, workers, width)
     if len(ranges) > 1:
         from fedmcmc.runtime import workers as pool
 
-        return pool.start(seed, sampler, data, statistic, ranges, theta0, lengths)
-    return [Chains(sampler, data, statistic, seed, ranges[0], theta0)]
+        return pool.start(seed, sampler, data, statistic, ranges, theta0, width, lengths)
+    return [Chains(sampler, data, statistic, seed, ranges[0], theta0, width=width)]
 
 
 def _each(blocks, method: str, args):

@@ -154,14 +154,15 @@ class Remote:
         return self.process.receive()
 
 
-def start(seed: int, sampler, data, statistic, blocks: list[range], theta0, lengths=()) -> list[Remote]:
-    """Start one block of chains per worker (``theta0``: ``[num_chains, d]``).
+def start(seed: int, sampler, data, statistic, blocks: list[range], theta0, width: int, lengths=()) -> list[Remote]:
+    """Start one range of chains per worker (``theta0``: ``[num_chains, d]``), each computed in
+    blocks of ``width`` chains (:func:`fedmcmc.runtime.round.block_width`).
 
-    Blocks of the same number of chains run the same programs. When several do, the first of
-    them compiles its init program and its chunks of ``lengths`` (``(num_draws, thinning)``
-    pairs, :func:`fedmcmc.runtime.programs.compile_block`) before the others start, and they
-    load those programs from the workers' shared compilation cache (:func:`_cache_env`): one
-    compilation per shape instead of one per worker, in about the same time."""
+    Every worker runs the same programs, of ``width`` chains. The first worker compiles its init
+    program and its chunks of ``lengths`` (``(num_draws, thinning)`` pairs,
+    :func:`fedmcmc.runtime.programs.compile_block`) before the others start, and they load those
+    programs from the workers' shared compilation cache (:func:`_cache_env`): one compilation
+    instead of one per worker, in about the same time."""
     import cloudpickle
     import jax
 
@@ -173,11 +174,10 @@ def start(seed: int, sampler, data, statistic, blocks: list[range], theta0, leng
     name = hashlib.sha256(job).hexdigest()
     config = {key: getattr(jax.config, key) for key in _CONFIG if hasattr(jax.config, key)}
     remotes = [Remote(process, chains) for process, chains in zip(_pool(len(blocks)), blocks)]
-    first = {len(r.chains): r for r in reversed(remotes)}
-    steps = [("compile", list(first.values()), (list(lengths),))] if len(first) < len(remotes) else []
+    steps = [("compile", remotes[:1], (list(lengths),))] if len(remotes) > 1 else []
     for method, group, extra in steps + [("start", remotes, ())]:
         for r in group:
-            r.submit(method, name, None if name in r.process.jobs else job, config, seed, r.chains,
+            r.submit(method, name, None if name in r.process.jobs else job, config, seed, r.chains, width,
                      theta0[r.chains.start:r.chains.stop], *extra)
             r.process.jobs[name] = None
             while len(r.process.jobs) > _JOBS_KEPT:
@@ -215,7 +215,7 @@ def _serve(core: int | None) -> None:  # pragma: no cover - runs in the worker p
             return
         try:
             if method in ("start", "compile"):
-                name, job, config, seed, chains, theta0, *lengths = args
+                name, job, config, seed, chains, width, theta0, *lengths = args
                 if job is not None:
                     jobs[name] = pickle.loads(job)
                     while len(jobs) > _JOBS_KEPT:
@@ -223,9 +223,9 @@ def _serve(core: int | None) -> None:  # pragma: no cover - runs in the worker p
                 for key, value in config.items():
                     jax.config.update(key, value)
                 if method == "compile":
-                    value = compile_block(*jobs[name], seed, chains, theta0, *lengths)
+                    value = compile_block(*jobs[name], seed, chains, theta0, width, *lengths)
                 else:
-                    block = Chains(*jobs[name], seed, chains, theta0)
+                    block = Chains(*jobs[name], seed, chains, theta0, width=width)
                     value = block.setup_bits
             else:
                 value = getattr(block, method)(*args)

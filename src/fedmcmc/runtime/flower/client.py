@@ -73,6 +73,10 @@ def _shared_client(cfg_text: str, build: Build, identity: str = "") -> dict:
     return _SHARED[key]
 
 
+#: How many leading arguments of each client program have the chains first.
+_CHAIN_ARGS = {"init": 2, "setup": 3, "receive": 2, "step": 4}
+
+
 def _first(tree):
     """The first copy of a ``width``-batch (axis 1), as NumPy arrays (an exact copy)."""
     return jax.tree_util.tree_map(lambda a: np.asarray(a)[:, :1], tree)
@@ -124,12 +128,18 @@ class ClientRuntime:
                                                                      a.dtype), like)
 
     def _run(self, name: str, *args):
-        """Program ``name`` of the client's functions on ``args``, its first copy (compiled once per
-        process, or loaded from the programs folder)."""
+        """Program ``name`` of the client's functions on ``args``, its first copy, computed on the
+        simulator's blocks of chains (:func:`fedmcmc.runtime.round.blockwise`; the program is
+        compiled once per process, or loaded from the programs folder)."""
         progs = self.shared["programs"]
-        if name not in progs:
-            progs[name] = programs_lib.program(self.folder, f"{self.key}/{name}", self.shared["functions"][name], args)
-        return _first(progs[name](*args))
+
+        def block(*block_args):
+            if name not in progs:
+                progs[name] = programs_lib.program(self.folder, f"{self.key}/{name}", self.shared["functions"][name],
+                                                   block_args)
+            return progs[name](*block_args)
+
+        return _first(rnd.blockwise(block, rnd.block_width(self.chain_keys.shape[0]), _CHAIN_ARGS[name])(*args))
 
     def _likes(self, dim: int, r: dict) -> tuple:
         """The chains' keys and the shapes of the broadcast, the client state and the setup message."""

@@ -102,13 +102,14 @@ class ServerRuntime:
         self._compile(data)
 
     def _compile(self, data):
-        s, b = self.sampler, self.b
-        self.init = xla.jit(jax.vmap(lambda ck, theta0: rnd.server_init(s, ck, theta0, b)))
-        self.masks = xla.jit(jax.vmap(lambda ck, k: rnd.participation(s, ck, k, b), (0, None)))
-        self.step = xla.jit(jax.vmap(lambda ck, ss, up, m, k: rnd.server_round(s, ck, k, ss, up, m, b),
-                                     (0, 0, 0, 0, None)))
+        s, b, w = self.sampler, self.b, rnd.block_width(self.C)  # the simulator's blocks of chains
+        init = jax.vmap(lambda ck, theta0: rnd.server_init(s, ck, theta0, b))
+        self.init = rnd.blockwise(xla.jit(init), w, 2)
+        self.masks = rnd.blockwise(xla.jit(jax.vmap(lambda ck, k: rnd.participation(s, ck, k, b), (0, None))), w, 1)
+        self.step = rnd.blockwise(xla.jit(jax.vmap(lambda ck, ss, up, m, k: rnd.server_round(s, ck, k, ss, up, m, b),
+                                                   (0, 0, 0, 0, None))), w, 4)
         if s.setup is not None:
-            self.setup = xla.jit(jax.vmap(lambda ck, ss, up: rnd.setup_server(s, ck, ss, up, b)))
+            self.setup = rnd.blockwise(xla.jit(jax.vmap(lambda ck, ss, up: rnd.setup_server(s, ck, ss, up, b))), w, 3)
         d = self.built.model.dim
         self.theta0 = jnp.zeros((self.C, d), jnp.float32)
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
@@ -122,7 +123,7 @@ class ServerRuntime:
                              "QLSD-family sampler with compression = {..., fixed_point = {fraction_bits = .., "
                              "max_abs = ..}}")
         self.up_parts = items(up)
-        self.ss_like, self.bc_like = jax.eval_shape(self.init, jax.ShapeDtypeStruct((self.C, 2), jnp.uint32),
+        self.ss_like, self.bc_like = jax.eval_shape(init, jax.ShapeDtypeStruct((self.C, 2), jnp.uint32),
                                                     self.theta0)
         if s.setup is not None:
             self.setup_up_like = jax.tree_util.tree_map(
