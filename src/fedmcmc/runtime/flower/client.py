@@ -1,7 +1,8 @@
 """One client of a run on its own data, answering the server's messages (no Flower here).
 
-:class:`ClientRuntime` runs all chains of one client (chains under ``vmap``) with the round of
-:mod:`fedmcmc.runtime.round`, so its uploads are the simulator's. Messages are dicts of ``str``,
+:class:`ClientRuntime` runs all chains of one client (chains under ``vmap``, in the simulator's
+blocks: :func:`fedmcmc.runtime.round.blockwise`) with the round of :mod:`fedmcmc.runtime.round`,
+so its uploads are the simulator's. Messages are dicts of ``str``,
 ``int``, ``bytes`` and lists of them (what a Flower ``ConfigRecord`` carries); the kinds are
 ``hello``, ``init``, ``setup``, ``setup_receive`` and ``round`` (see :mod:`fedmcmc.runtime.flower.server`
 for the faults and the commit rule of pending states).

@@ -7,7 +7,8 @@ over a transport (Flower's ``Grid`` in :mod:`fedmcmc.app.flower.apps`, or direct
 
 Same samples as :func:`fedmcmc.simulate`: both call the round of :mod:`fedmcmc.runtime.round`
 (with its key schedule). Every node runs all chains of its client (chains under ``vmap``), and
-the server stacks the replies into the leading client axis and calls the same ``server_step``.
+the server stacks the replies into the leading client axis and calls the same ``server_step``;
+both compute the chains in the simulator's blocks (:func:`fedmcmc.runtime.round.blockwise`).
 
 Faults. A client that fails, times out, or sends an upload that :func:`~fedmcmc.runtime.flower.wire.decode_upload`
 rejects is inactive for that round (``mask[c, i] = False``, which the sampler's participation
