@@ -1,16 +1,15 @@
 """One long-lived process that does what a user does: find the mode, run a NUTS reference,
 then every registered sampler and every surrogate kind, on both runtime paths.
 
-With ``fedmcmc.tune_cpu(2)`` a run of at most ``BLOCK_CHAINS`` (8) chains is one block and stays
-in this process, and a run of 16 is two blocks of 8 in two worker processes
-(:func:`fedmcmc.runtime.round.block_width`). Every sampler and surrogate kind runs with 16 chains
-(the worker path); the CG-DSGLD surrogate kinds, whose LAPACK kernels held the old deadlock,
+With ``fedmcmc.tune_cpu(2)`` a run of 1, 2 or 3 chains is one block and stays in this process,
+and a run of 4 is two blocks of 2 in two worker processes (:func:`fedmcmc.runtime.round.block_width`).
+Every sampler and surrogate kind runs with 4 chains (the worker path); the CG-DSGLD surrogate kinds, whose LAPACK kernels held the old deadlock,
 also with 1 chain in this process, after find_mode and NUTS have run here (every other sampler
 runs in the test processes themselves many times).
 
 Run by ``test_no_hang.py``, which watches the lines printed here from outside and kills the
 process if a step makes no progress. Prints ``START <step>`` before and ``DONE <step>``
-after every step. The 16-chain run of every sampler also prints ``SAMPLES <name> <sha256>
+after every step. The 4-chain run of every sampler also prints ``SAMPLES <name> <sha256>
 <sum>``: the fingerprint of its draws, compared with ``golden/samples.json`` by the test.
 """
 
@@ -23,9 +22,8 @@ import fedmcmc
 from catalog import breast_cancer, samplers
 from fedmcmc.estimators import gradients
 from fedmcmc.evaluation import reference
-from fedmcmc.runtime.round import BLOCK_CHAINS
 
-CHAINS = 2 * BLOCK_CHAINS  # two blocks: two worker processes
+CHAINS = 4  # two blocks of 2: two worker processes
 
 
 def step(label, fn):

@@ -89,15 +89,15 @@ ROUNDS, CHUNK = 4, 2
 
 
 def run_config(name: str) -> str:
-    """A small fixed run of a registered sampler: 3 clients in 3 dimensions, 4 rounds, 9 chains: two
-    blocks of 5, the last padded (:func:`fedmcmc.runtime.round.block_width`), in every runtime."""
+    """A small fixed run of a registered sampler: 3 clients in 3 dimensions, 4 rounds, 5 chains: two
+    blocks of 3, the last padded (:func:`fedmcmc.runtime.round.block_width`), in every runtime."""
     keys = config.sampler_keys(name)
     missing = [key for key, required in keys.items() if required and key not in EXAMPLES]
     assert not missing, f"{name} needs {missing}: add an example value to EXAMPLES"
     sampler = "".join(f"{key} = {EXAMPLES[key]}\n" for key in keys if key in EXAMPLES)
     return (f'[problem]\nname = "heterogeneous-gaussian"\nnum_clients = 3\ndim = 3\nmin_size = 10\nmax_size = 30\n'
             f'[sampler]\nname = "{name}"\n{sampler}'
-            f"[run]\nseed = 4\nnum_chains = 9\nnum_iterations = {ROUNDS}\nchunk_size = {CHUNK}\n")
+            f"[run]\nseed = 4\nnum_chains = 5\nnum_iterations = {ROUNDS}\nchunk_size = {CHUNK}\n")
 
 
 #: ``config.from_text``, built once per config for the simulator, the server and the clients.

@@ -374,8 +374,8 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     read only by its node (node config ``data-path``; the config's file names exist nowhere, and
     reading a file outside a node's handler fails), give the simulator's samples of the same three
     files bit for bit with QLSD++ (FA-HMC: on the deployment engine, tests/runtime/test_flower_deploy.py),
-    9 chains in the simulator's two blocks of 5 (without the blocks a logistic model's draws differed
-    in the last bit on an AMD EPYC); QLSD* (the mode needs the data) is refused."""
+    9 chains in the simulator's two blocks of 5 (without them, in one program of 9, a logistic model's
+    draws differed in the last bit on an AMD EPYC); QLSD* (the mode needs the data) is refused."""
     from fedmcmc.app.flower import apps
     from fedmcmc.app.flower.launch import data_paths
     from fedmcmc.data import local

@@ -75,7 +75,7 @@ def _platform() -> str:
 
 
 def test_every_samplers_draws_match_the_golden_record(long_lived):
-    """Every sampler's 16-chain draws (two blocks of 8 in two worker processes) hash to the
+    """Every sampler's 4-chain draws (two blocks of 2 in two worker processes) hash to the
     recorded value. On another platform or JAX version bits may legitimately differ, so there the
     sums are compared at ``CROSS_PLATFORM_RTOL``."""
     found = {}

@@ -88,7 +88,7 @@ def problem():
 def test_worker_processes_give_the_samples_of_one_process(problem, name):
     data, model, catalog = problem
     sampler, d = catalog[name]
-    kwargs = dict(num_chains=10, burn_in=2, thinning=2, statistic=jnp.linalg.norm)  # 2 blocks of 5 chains
+    kwargs = dict(num_chains=5, burn_in=2, thinning=2, statistic=jnp.linalg.norm)  # blocks of 3, the last padded
     here = fedmcmc.simulate(5, sampler, d, np.zeros(model.dim), 8, workers=1, **kwargs)
     spread = fedmcmc.simulate(5, sampler, d, np.zeros(model.dim), 8, workers=2, **kwargs)
     for field in ("samples", "bits_up", "bits_down", "active", "statistics", "total_bits_up", "setup_bits_up"):
@@ -98,7 +98,7 @@ def test_worker_processes_give_the_samples_of_one_process(problem, name):
 def test_a_run_resumes_with_another_number_of_workers(problem, tmp_path, monkeypatch):
     data, model, catalog = problem
     sampler, d = catalog["qlsd++"]
-    kwargs = dict(num_chains=10, burn_in=4, thinning=2, chunk_size=4)  # 2 blocks of 5 chains
+    kwargs = dict(num_chains=4, burn_in=4, thinning=2, chunk_size=4)  # 2 blocks of 2 chains
     full = fedmcmc.simulate(7, sampler, d, np.zeros(model.dim), 16, **kwargs)
     real_save, calls = simulator.save_npz, {"n": 0}
 
@@ -121,15 +121,15 @@ def test_worker_errors_reach_the_caller(problem):
     data, model, catalog = problem
     sampler, d = catalog["qlsd*"]
     with pytest.raises(ValueError, match="theta0 of shape"):
-        fedmcmc.simulate(0, sampler, d, np.zeros(model.dim + 1), 4, num_chains=10, workers=2)
+        fedmcmc.simulate(0, sampler, d, np.zeros(model.dim + 1), 4, num_chains=4, workers=2)
     workers._POOL[0].proc.kill()  # a worker that died is reported, and the next run starts new ones
     time.sleep(0.5)
     with pytest.raises(workers.WorkerError, match="exited"):
         for w in workers._POOL:
             w.send("state")
             w.receive()
-    res = fedmcmc.simulate(0, sampler, d, np.zeros(model.dim), 4, num_chains=10, workers=2)
-    assert res.samples.shape == (10, 4, model.dim)
+    res = fedmcmc.simulate(0, sampler, d, np.zeros(model.dim), 4, num_chains=4, workers=2)
+    assert res.samples.shape == (4, 4, model.dim)
 
 
 SHARED = """
@@ -142,16 +142,16 @@ from fedmcmc.runtime import workers
 from fedmcmc.samplers import qlsd_sharp
 data = heterogeneous_gaussian(num_clients=4, dim=3)
 sampler = qlsd_sharp(gaussian_mean(3), 1e-3, None, quantization(4))
-pooled = fedmcmc.simulate(0, sampler, data, np.zeros(3), 3, num_chains=10, workers=2).samples
+pooled = fedmcmc.simulate(0, sampler, data, np.zeros(3), 3, num_chains=4, workers=2).samples
 folder = workers._CACHE[0]
 workers._shutdown()
-alone = fedmcmc.simulate(0, sampler, data, np.zeros(3), 3, num_chains=10, workers=1).samples
+alone = fedmcmc.simulate(0, sampler, data, np.zeros(3), 3, num_chains=4, workers=1).samples
 print("RESULT", np.array_equal(pooled, alone), os.path.exists(folder))
 """
 
 
 def test_workers_compile_each_program_once():
-    """Two workers (blocks of 5 chains): the first compiles init and the chunk, the second
+    """Two workers (blocks of 2 chains): the first compiles init and the chunk, the second
     loads both from the pool's own compilation cache (no cache set by the user), which goes with the
     pool; the draws are those of one process."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
@@ -172,8 +172,9 @@ def test_default_chunks_are_equal_when_they_can_be():
 
 
 def test_chains_are_computed_in_blocks_fixed_by_their_number_and_spread_over_workers_whole():
-    assert [block_width(c) for c in (1, 2, 5, 8, 9, 10, 17, 30, 1000)] == [1, 2, 5, 8, 5, 5, 6, 8, 8]
-    assert simulator._blocks(5, 2, 5) == [range(0, 5)]  # one block: one process
+    assert [block_width(c) for c in (1, 2, 3, 4, 5, 8, 9, 17, 30, 1000)] == [1, 2, 3, 2, 3, 4, 5, 6, 8, 8]
+    assert simulator._blocks(3, 2, 3) == [range(0, 3)]  # one block: one process
+    assert simulator._blocks(5, 2, 3) == [range(0, 3), range(3, 5)]
     assert simulator._blocks(10, 2, 5) == [range(0, 5), range(5, 10)]
     assert simulator._blocks(30, 2, 8) == [range(0, 16), range(16, 30)]  # 4 blocks, the last padded
     assert simulator._blocks(30, 3, 8) == [range(0, 8), range(8, 24), range(24, 30)]

@@ -38,10 +38,11 @@ BLOCK_CHAINS = 8
 
 
 def block_width(num_chains: int) -> int:
-    """Chains per program: a run's chains are computed in ``ceil(num_chains / BLOCK_CHAINS)``
-    blocks of consecutive chains, ``[j w, (j + 1) w)`` with ``w`` this width (the last block padded
-    with copies of its last chain), in every runtime and process (the simulator in one process
-    or over workers, a Flower node, a Flower server).
+    """Chains per program: a run's chains are computed in blocks of consecutive chains,
+    ``[j w, (j + 1) w)`` with ``w`` this width (the last block padded with copies of its last
+    chain), in every runtime and process (the simulator in one process or over workers, a
+    Flower node, a Flower server). There are ``ceil(num_chains / BLOCK_CHAINS)`` blocks, and at
+    least two from 4 chains on, so that a run of a few chains spreads over two cores.
 
     Why: XLA's CPU kernels for a dot product choose their blocking, hence the order in which
     they add, from the operands' shapes, and under ``vmap`` the chains are one of those
@@ -50,8 +51,8 @@ def block_width(num_chains: int) -> int:
     workers did not give the draws of the same 5 chains in one program. With the blocks fixed
     by ``num_chains`` alone, every chain is computed by the same program wherever it runs.
     """
-    blocks = -(-num_chains // BLOCK_CHAINS)
-    return -(-num_chains // max(blocks, 1))
+    blocks = max(-(-num_chains // BLOCK_CHAINS), 2 if num_chains >= 4 else 1)
+    return -(-num_chains // blocks)
 
 
 def blockwise(program, width: int, chain_args: int):

@@ -29,6 +29,7 @@ import numpy as np
 from fedmcmc.app import problems
 from fedmcmc.compression import quantization
 from fedmcmc.estimators import gradients
+from fedmcmc.runtime.round import block_width
 from fedmcmc.runtime.simulator import Chains
 from fedmcmc.samplers import REGISTRY, cg_dsgld, dg_sgld, dsgld, fa_hmc, fa_ld, fedavg, lsd_pp, lsd_star, psgld, \
     qlsd_pp, qlsd_sharp, qlsd_star, sgld
@@ -73,8 +74,9 @@ def cases() -> dict:
 
 def _timer(sampler, data, dim: int, chains: int, rounds: int):
     """A function that runs ``rounds`` more rounds of ``chains`` chains (compiled here): the
-    simulator's compiled chunk alone, without a run's set-up, which would weigh on 1 chain."""
-    block = Chains(sampler, data, None, 0, range(chains), np.zeros((chains, dim)))
+    simulator's compiled chunk alone, in its blocks of chains, without a run's set-up, which
+    would weigh on 1 chain."""
+    block = Chains(sampler, data, None, 0, range(chains), np.zeros((chains, dim)), width=block_width(chains))
     run = partial(block.run, 0, rounds, 1)
     run()
     return run
