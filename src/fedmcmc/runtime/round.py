@@ -46,9 +46,9 @@ def block_width(num_chains: int) -> int:
 
     Why: XLA's CPU kernels for a dot product choose their blocking, hence the order in which
     they add, from the operands' shapes, and under ``vmap`` the chains are one of those
-    dimensions; on AMD EPYC (AVX2) a chain's logistic-regression gradient differed in its last
-    bit between programs of 1, 2, 3 and 9 chains (2026-11-27), so a run split 2 + 3 over two
-    workers did not give the draws of the same 5 chains in one program. With the blocks fixed
+    dimensions; on AMD EPYC (AVX2) a logistic-regression gradient differed in its last bit
+    between a program of 9 chains and the same chains in programs of 1 to 8 (2026-11-27), so a
+    run split 2 + 3 over two workers did not give the draws of the same 5 chains in one program. With the blocks fixed
     by ``num_chains`` alone, every chain is computed by the same program wherever it runs.
     """
     blocks = max(-(-num_chains // BLOCK_CHAINS), 2 if num_chains >= 4 else 1)
