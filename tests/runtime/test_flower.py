@@ -4,6 +4,7 @@ sampler gives the simulator's samples over the runtime in tests/core/test_confor
 from __future__ import annotations
 
 import json
+import time
 import tomllib
 
 import jax
@@ -457,3 +458,49 @@ def test_a_program_is_checked_before_other_processes_can_load_it(tmp_path, monke
     np.testing.assert_allclose(np.asarray(p(*args)), np.tanh(args[0]) * 3, rtol=1e-6)  # the compiled program
     assert len(seen) == 1 and not any(name.endswith(".exe") for name in seen[0])  # only the checked .tmp
     assert list(tmp_path.iterdir()) == []  # the failed program is not kept
+
+
+def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path, server_identity, monkeypatch,
+                                                                         caplog):
+    """Three nodes whose node config names one node worker (``worker``, a ``fedmcmc node-worker``
+    process; docs/flower.md): the ClientApps relay every message to it, never answering by
+    themselves, and the run gives the simulator's samples on the sites' files bit for bit; a
+    worker's error reaches the ClientApp as its own; with no worker in the folder the ClientApp
+    answers by itself and says why; SIGTERM stops the worker and removes its socket."""
+    import subprocess
+    import sys
+
+    from fedmcmc.app.flower import apps, worker
+    from fedmcmc.app.flower.launch import data_paths
+
+    write_sites(tmp_path)
+    text = SITES + "[sampler]" + QLSD_PP.split("[sampler]")[1].replace("batch_size = 5", "batch_size = 10")
+    folder = tmp_path / "worker"
+    proc = subprocess.Popen([sys.executable, "-m", "fedmcmc", "node-worker", str(folder), "--idle", "600"],
+                            stdout=open(tmp_path / "worker.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        ref = reference(text, tmp_path)
+        paths = {i: {**p, "worker": str(folder)} for i, p in data_paths(text, tmp_path).items()}
+        answer = apps.answer
+        monkeypatch.setattr(apps, "answer", lambda *a: pytest.fail("a ClientApp answered by itself"))
+        for _ in range(600):  # the worker is listening once its key is written
+            if (folder / worker.KEY).exists():
+                break
+            time.sleep(0.1)
+        grid = InProcessGrid(apps.make_client_app(), 3, text, node_config=paths)
+        apps.run_server(grid, text, tmp_path / "out", False, "test")
+        samples = np.concatenate([np.load(c)["positions"] for c in sorted((tmp_path / "out" / "chunks").glob("chunk_*"))],
+                                 axis=1)
+        np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
+        node = apps.NodeView({"partition-id": 0}, {"data-dir": str(tmp_path)})
+        with pytest.raises(RuntimeError, match=f"node worker in {folder}: .*has not received the run's inputs"):
+            worker.ask(folder, ({"kind": "init"}, text, 0, node, {}))
+        monkeypatch.setattr(apps, "answer", lambda *request: ({"ok": 1}, request[-1]))
+        with caplog.at_level("WARNING"):
+            assert worker.ask(tmp_path / "nowhere", ({"kind": "init"}, text, 0, node, {"k": 1})) == ({"ok": 1}, {"k": 1})
+        assert "no fedmcmc node worker in" in caplog.text and "answering in this process" in caplog.text
+        monkeypatch.setattr(apps, "answer", answer)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    assert not (folder / worker.SOCKET).exists()

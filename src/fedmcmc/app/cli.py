@@ -1,5 +1,5 @@
 """Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | predict RUN_DIR DATA.csv |
-example NAME DIR | flower sim|deploy CONFIG.toml | bench``.
+example NAME DIR | flower sim|deploy CONFIG.toml | node-worker FOLDER | bench``.
 
 Bad input ends with one line on stderr that names the problem and the fix, and exit code 2;
 a run that diverges ends with exit code 3 and says which step size to lower.
@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--clients", type=int, default=None, help="number of clients (SuperNodes); default: the config's")
     f.add_argument("--out", type=Path, default=None, help="output folder (default results/CONFIG-NAME-flower-ENGINE)")
     f.add_argument("--resume", action="store_true", help="continue a run whose server stopped, in the same --out")
+    w = sub.add_parser("node-worker", help="keep a SuperNode's fedmcmc work in one long-lived process (docs/flower.md)")
+    w.add_argument("folder", type=Path, help="the folder the SuperNode's node config names as `worker`")
+    w.add_argument("--idle", type=float, default=3600.0, help="exit after this many seconds without a message "
+                   "(default 3600)")
     b = sub.add_parser("bench", help="measure throughput against the NumPy reference")
     b.add_argument("--quick", action="store_true")
     b.add_argument("--flower", action="store_true", help="also time rounds on a loopback Flower deployment "
@@ -141,6 +145,15 @@ def _main(args) -> int:
         print(f"wrote {out}/results.json and {out}/posterior.nc ({args.engine} engine"
               + (f", {rounds['median_round_seconds']:.2f} s per round" if rounds else "") + f"); {_accuracy(payload)}")
         return 0
+    if args.command == "node-worker":
+        import logging
+
+        from fedmcmc.app.flower import worker
+
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s")
+        logging.getLogger("fedmcmc").setLevel(logging.INFO)
+        worker.serve(args.folder, args.idle)
+        return 0
     if args.command == "bench":
         from fedmcmc.app.bench import run as run_bench
 
@@ -156,7 +169,7 @@ def _main(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "flower":  # one JAX per node process: on a GPU each would take most of its memory
+    if args.command in ("flower", "node-worker"):  # one JAX per node process: on a GPU each would take most of its memory
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.runtime.workers import WorkerError

@@ -29,6 +29,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
@@ -123,7 +124,7 @@ def reply_limit_mod(max_bytes: int):
 _RUNTIMES: dict[tuple, object] = {}
 
 
-def _runtime(text: str, index: int, context: Context, store: dict, programs):
+def _runtime(text: str, index: int, node: NodeView, store: dict, programs):
     """The node's ``ClientRuntime``: built from the config (a ``[problem]``), or from the run's
     ``Inputs`` the server sent (the ``nodes`` message) and the node's own data (a ``[data]`` run);
     its compiled programs kept in the folder ``programs``."""
@@ -137,27 +138,47 @@ def _runtime(text: str, index: int, context: Context, store: dict, programs):
         raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
     key = (client.config_hash(text), index, store["inputs"])
     if key not in _RUNTIMES:
-        train, _ = nodes.node_local(text, index, context)
+        train, _ = nodes.node_local(text, index, node)
         cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
-        built = nodes.build_from_inputs(cfg, info, nodes.base_dir(context))
+        built = nodes.build_from_inputs(cfg, info, nodes.base_dir(node))
         _RUNTIMES[key] = client.ClientRuntime(text, index, lambda _: (cfg, built),
                                               lambda i: nodes.own_data(train, i, info),
                                               identity=client.config_hash(store["inputs"]), programs=programs)
     return _RUNTIMES[key]
 
 
-def _answer(m: dict, text: str, index: int, context: Context, store: dict, programs) -> dict:
-    """The reply to ``m``: a ``[data]`` run's ``hello`` (the node's :class:`~fedmcmc.app.inputs.ClientSummary`)
-    and ``nodes`` (the run's inputs, kept in ``store``) here, the rest by the node's ``ClientRuntime``."""
-    nodes = _lib()[2]
+class NodeView(NamedTuple):
+    """What answering a message reads of Flower's ``Context`` (its ``node_config`` and
+    ``run_config``), as plain dicts: it travels to a node worker (:mod:`fedmcmc.app.flower.worker`)."""
+
+    node_config: dict
+    run_config: dict
+
+
+def answer(m: dict, text: str, index: int, node: NodeView, store: dict) -> tuple[dict, dict]:
+    """``(reply, store)``: the reply of client ``index`` to the message ``m`` of the run ``text``,
+    and the node's ``store`` (its state between messages, kept in Flower's ``Context.state``)
+    after it. A ``[data]`` run's ``hello`` (the node's :class:`~fedmcmc.app.inputs.ClientSummary`)
+    and ``nodes`` (the run's inputs, kept in ``store``) are answered here, the rest by the node's
+    ``ClientRuntime``. Run in the ClientApp process or in the node's worker, with the same result."""
+    config_lib, _, nodes, client, _ = _lib()
+    if store.get("config") not in (None, client.config_hash(text)):
+        store = {}  # a new run with another config on this node
+    store["config"] = client.config_hash(text)
+    for name in ("secagg-signing-key", "secagg-verify-keys"):  # signed key advertisements (paths)
+        if node.node_config.get(name):
+            store[name.replace("-", "_")] = str(node.node_config[name])
+    if node.node_config.get("state-dir"):
+        m["state_dir"] = str(node.node_config["state-dir"])
     if m["kind"] == "hello" and "data" in nodes.parsed(text):
-        _, summary = nodes.node_local(text, index, context)
+        _, summary = nodes.node_local(text, index, node)
         return {"index": index, "num_clients": nodes.num_clients(nodes.parsed(text)["data"]),
-                "shapes": [summary.input_shape, []], "summary": nodes.summary_to_json(summary)}
+                "shapes": [summary.input_shape, []], "summary": nodes.summary_to_json(summary)}, store
     if m["kind"] == "nodes":
         store["inputs"] = m["inputs"]
-        return {"ok": 1}
-    return _runtime(text, index, context, store, programs).handle(m, store)
+        return {"ok": 1}, store
+    programs = cache_dir(node.node_config) / "programs"
+    return _runtime(text, index, node, store, programs).handle(m, store), store
 
 
 def _faults(node_config) -> dict:
@@ -189,27 +210,25 @@ def make_client_app(mods=()) -> ClientApp:
 
 
 def handle(msg: Message, context: Context) -> Message:
-    """Answer one server message with the node's ``ClientRuntime`` (a ``hold`` at once)."""
+    """Answer one server message (a ``hold`` at once): in this process, or by the node's worker
+    if its node config names one (``worker``, :mod:`fedmcmc.app.flower.worker`)."""
     m = from_content(msg.content)
     if m["kind"] == HOLD:
         return Message(to_content({"kind": HOLD}), reply_to=msg)
-    client = _lib()[3]
-    if context.node_config.get("state-dir"):
-        m["state_dir"] = str(context.node_config["state-dir"])
-    cache = cache_dir(context.node_config)
     index = int(context.node_config.get("partition-id", -1))
-    text = str(context.run_config["config"])  # the run's config travels with the run, read once per run
-    store = dict(context.state[META]) if META in context.state else {}
-    if store.get("config") not in (None, client.config_hash(text)):
-        store = {}  # a new run with another config on this node
-    for name in ("secagg-signing-key", "secagg-verify-keys"):  # signed key advertisements (paths)
-        if context.node_config.get(name):
-            store[name.replace("-", "_")] = str(context.node_config[name])
     fault = _faults(context.node_config).get(m.get("k")) if m["kind"] == "round" else None
     if fault == "fail":
         raise RuntimeError(f"client {index}: injected failure in round {m['k']}")
-    reply = _answer(m, text, index, context, store, cache / "programs")
-    store["config"] = client.config_hash(text)
+    text = str(context.run_config["config"])  # the run's config travels with the run, read once per run
+    node = NodeView(dict(context.node_config), {"data-dir": str(context.run_config.get("data-dir", ""))})
+    store = dict(context.state[META]) if META in context.state else {}
+    folder = str(context.node_config.get("worker", ""))
+    if folder:
+        from fedmcmc.app.flower import worker
+
+        reply, store = worker.ask(folder, (m, text, index, node, store))
+    else:
+        reply, store = answer(m, text, index, node, store)
     context.state[META] = ConfigRecord(store)
     if fault == "malformed":  # undecodable bytes in place of the first array
         for name in reply:

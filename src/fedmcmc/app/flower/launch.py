@@ -124,12 +124,15 @@ def free_port() -> int:
 
 class LocalDeployment:
     """A SuperLink and ``n`` SuperNodes on 127.0.0.1 (context manager; every process it
-    started is stopped on exit). ``tls=(ca, cert, key)`` paths switch TLS on. With
-    ``simulation=True`` the SuperLink runs Flower's simulation engine with ``n`` virtual
-    SuperNodes instead (no SuperNode processes)."""
+    started is stopped on exit). ``tls=(ca, cert, key)`` paths switch TLS on. Each SuperNode
+    has a node worker (:mod:`fedmcmc.app.flower.worker`, folder ``workdir/workerI``) unless
+    ``workers=False``. With ``simulation=True`` the SuperLink runs Flower's simulation engine
+    with ``n`` virtual SuperNodes instead (no SuperNode processes)."""
 
-    def __init__(self, n: int, workdir, tls=None, node_config=None, auth_keys=None, simulation: bool = False):
+    def __init__(self, n: int, workdir, tls=None, node_config=None, auth_keys=None, simulation: bool = False,
+                 workers: bool = True):
         self.n, self.workdir, self.tls, self.simulation = n, Path(workdir), tls, simulation
+        self.workers = workers and not simulation
         self.node_config = node_config or {}
         self.auth_keys = auth_keys  # [(private key path, public key path)] per node, or None
         self.procs: list = []
@@ -153,6 +156,7 @@ class LocalDeployment:
 
         self.node_args: dict[int, list] = {}
         self.nodes: dict = {}
+        self.node_workers: dict = {}
 
         auth = ["--enable-supernode-auth"] if self.auth_keys else []
         simulation = ["--simulation"] if self.simulation else []
@@ -168,14 +172,20 @@ class LocalDeployment:
             key = ["--auth-supernode-private-key", str(self.auth_keys[i][0])] if self.auth_keys else []
             self.node_args[i] = [self.bin("flower-supernode"), *node_security, *key, "--superlink",
                                  f"127.0.0.1:{self.port}", "--port", str(free_port())]
-            self.nodes[i] = self._start(self.node_args[i] + self._node_config(i, self.node_config.get(i, {})),
-                                        f"supernode{i}.log")
+            self._start_node(i, self.node_config.get(i, {}))
         return self
 
-    @staticmethod
-    def _node_config(i: int, extra: dict) -> list[str]:
-        return ["--node-config", " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                                          for k, v in {"partition-id": i, **extra}.items())]
+    def _start_node(self, i: int, extra: dict, mode: str = "w") -> None:
+        """SuperNode ``i`` with the node config ``extra``, and its worker (``workers=True``)."""
+        import sys
+
+        if self.workers:
+            folder = self.workdir / f"worker{i}"
+            self.node_workers[i] = self._start([sys.executable, "-m", "fedmcmc", "node-worker", str(folder)],
+                                               f"worker{i}.log", mode)
+            extra = {"worker": str(folder), **extra}
+        config = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in {"partition-id": i, **extra}.items())
+        self.nodes[i] = self._start(self.node_args[i] + ["--node-config", config], f"supernode{i}.log", mode)
 
     def _start(self, args, log: str, mode: str = "w"):
         import subprocess
@@ -272,8 +282,8 @@ class LocalDeployment:
         if keys is not None:
             self.register(keys[1])
             args[args.index("--auth-supernode-private-key") + 1] = str(keys[0])
-        extra = self.node_config.get(i, {}) if node_config is None else node_config
-        self.nodes[i] = self._start(args + self._node_config(i, extra), f"supernode{i}.log", "a")
+        self.node_args[i] = args
+        self._start_node(i, self.node_config.get(i, {}) if node_config is None else node_config, "a")
 
     def kill_serverapp(self) -> None:
         """Kill the running ServerApp process (a crashed server; the SuperLink and nodes stay)."""
@@ -287,10 +297,12 @@ class LocalDeployment:
                 pass
 
     def kill_supernode(self, i: int) -> None:
-        """Kill SuperNode ``i`` and the processes it started (a crashed institution)."""
+        """Kill SuperNode ``i``, the processes it started and its worker (a crashed institution)."""
         import signal
 
-        self._kill(self.supernode(i), signal.SIGKILL)
+        for proc in (self.supernode(i), self.node_workers.get(i)):
+            if proc is not None:
+                self._kill(proc, signal.SIGKILL)
 
     def _kill(self, proc, sig) -> None:
         for pid in [proc.pid, *_descendants(proc.pid)]:

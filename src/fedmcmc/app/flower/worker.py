@@ -1,0 +1,126 @@
+"""A node worker: the long-lived process a SuperNode's per-message ClientApp processes hand
+their work to.
+
+Flower starts a new ClientApp process for every message (docs/flower.md, "Latency per round"),
+so a ClientApp that answers by itself imports JAX, reads its data, builds the run and loads
+its compiled programs once per message. With ``worker='FOLDER'`` in a SuperNode's node config
+the ClientApp process imports Flower and NumPy only: it sends the message, the run's config
+text, the node's ``Context`` fields and its stored state to the worker listening in
+``FOLDER`` and relays the answer; JAX, the node's data, its built runs and compiled programs
+stay loaded in the worker between messages. The worker runs
+:func:`fedmcmc.app.flower.apps.answer`, as the ClientApp process would, so the replies are the
+same bit for bit; the node's state still travels in Flower's ``Context.state``, so a worker
+holds nothing that a restart would lose. If no worker answers in ``FOLDER`` (not started,
+stopped, killed), the ClientApp process answers by itself and logs why.
+
+Start one per SuperNode, as the SuperNode's user, before or after the SuperNode::
+
+    fedmcmc node-worker /srv/fedmcmc/node0-worker &
+    flower-supernode ... --node-config "partition-id=0 worker='/srv/fedmcmc/node0-worker'"
+
+(``fedmcmc flower deploy`` does this for its SuperNodes.) The folder is made private to the
+user (mode 0700); it holds the Unix socket and a random key with which the ClientApp processes
+authenticate (:mod:`multiprocessing.connection`'s HMAC challenge), since requests and answers
+are pickled. The worker answers one message at a time, and exits after ``idle`` seconds
+without one (default one hour) or on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+import tomllib
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Listener
+from pathlib import Path
+
+log = logging.getLogger("fedmcmc.runtime.flower")
+
+SOCKET, KEY = "socket", "key"
+#: How long a ClientApp process waits for the worker's answer when the run's config sets no
+#: ``[flower] round_timeout`` (the server gives up on a reply after that anyway).
+ANSWER_TIMEOUT = 3600.0
+
+
+def serve(folder, idle: float = 3600.0) -> None:
+    """Answer the requests of the node's ClientApp processes (module docstring) until ``idle``
+    seconds pass without one; a request that fails is answered with its error."""
+    from fedmcmc.app.flower import apps
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    key = secrets.token_bytes(32)
+    address = folder / SOCKET
+    address.unlink(missing_ok=True)
+    with Listener(str(address), "AF_UNIX", authkey=key) as listener:
+        _write_private(folder / KEY, key)  # after the socket exists: a ClientApp that reads the key can connect
+        apps._lib()  # JAX and the samplers, while the first ClientApp process connects
+        last, busy = [time.monotonic()], threading.Lock()
+
+        def watch():  # exit when idle; never in the middle of an answer
+            while True:
+                time.sleep(min(idle, 30.0))
+                with busy:
+                    if time.monotonic() - last[0] > idle:
+                        log.info("node worker %s: idle for %.0f s, exiting", folder, idle)
+                        address.unlink(missing_ok=True)
+                        os._exit(0)
+
+        threading.Thread(target=watch, daemon=True).start()
+        signal.signal(signal.SIGTERM, lambda *_: (address.unlink(missing_ok=True), os._exit(0)))
+        while True:
+            try:
+                conn = listener.accept()
+            except (OSError, EOFError, AuthenticationError) as err:  # a wrong key, or a dropped client
+                log.warning("node worker %s: refused a connection: %s", folder, err)
+                continue
+            with busy, conn:
+                try:
+                    request = conn.recv()
+                    try:
+                        conn.send(("ok", *apps.answer(*request)))
+                    except Exception as err:  # noqa: BLE001 -- the ClientApp raises it as its own error
+                        conn.send(("error", f"{type(err).__name__}: {err}"))
+                except (OSError, EOFError) as err:  # the ClientApp process went away
+                    log.warning("node worker %s: lost a ClientApp process: %s", folder, err)
+                last[0] = time.monotonic()
+
+
+def ask(folder, request: tuple) -> tuple[dict, dict]:
+    """``(reply, store)`` of :func:`fedmcmc.app.flower.apps.answer` for ``request``
+    (``(m, text, index, node, store)``), from the worker in ``folder`` or, if none answers
+    there, from this process."""
+    m, text = request[:2]
+    folder = Path(folder)
+    try:
+        conn = Client(str(folder / SOCKET), "AF_UNIX", authkey=(folder / KEY).read_bytes())
+    except (OSError, EOFError, AuthenticationError) as err:
+        from fedmcmc.app.flower import apps
+
+        log.warning("no fedmcmc node worker in %s (%s); answering in this process (start one with "
+                    "`fedmcmc node-worker %s`)", folder, err, folder)
+        return apps.answer(*request)
+    timeout = float(tomllib.loads(text).get("flower", {}).get("round_timeout", ANSWER_TIMEOUT))
+    with conn:
+        conn.send(request)
+        if not conn.poll(timeout):
+            raise TimeoutError(f"the node worker in {folder} gave no answer to a {m['kind']} message in {timeout:.0f} s")
+        status, *answer = conn.recv()
+    if status != "ok":
+        raise RuntimeError(f"node worker in {folder}: {answer[0]}")
+    return answer[0], answer[1]
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path``, readable by this user only, replacing it in one step."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
