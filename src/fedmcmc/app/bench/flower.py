@@ -7,10 +7,14 @@ runs, one after the other (ours and the echoes alternating):
 * our QLSD++ and FA-HMC (the examples' samplers, 3 clients), with their ``median_round_seconds``
   and ``median_client_process_seconds`` (seconds from a ClientApp process's start to its round
   reply) from ``results.json``, both with the default ``[flower] hold = false``, and QLSD++ again
-  with ``hold`` messages (``hold = true``, docs/flower.md);
+  with ``hold`` messages (``hold = true``, docs/flower.md); each SuperNode has a node worker
+  (:mod:`fedmcmc.app.flower.worker`), as under ``fedmcmc flower deploy``;
 * a trivial echo app (``flwr_echo/``) on Flower's default loop (``Grid.send_and_receive``),
   sending and answering arrays of the bytes of our QLSD++ round's message and reply;
-* the same echo app whose ClientApp imports JAX and runs one operation before answering.
+* the same echo app whose ClientApp imports JAX and runs one operation before answering;
+
+and then, on a second deployment whose SuperNodes have no node worker (each ClientApp process
+answers by itself), our QLSD++ again.
 
 ``flower_round_ratio`` is our slower median round over the echo's (target <= 0.5) and
 ``flower_client_process_ratio`` our slower median client process over the JAX echo's (target
@@ -69,7 +73,7 @@ def _median(values) -> float:
 
 
 def _ours(dep: LocalDeployment, out: Path, name: str, rounds: int, hold: bool = False) -> dict:
-    label = f"{name}-hold" if hold else name
+    label = f"{name}-hold" if hold else name if dep.workers else f"{name}-no-worker"
     path = out / f"{label}.toml"
     path.write_text(_PROBLEM + SAMPLERS[name] + _RUN.format(rounds=rounds) + f"hold = {str(hold).lower()}\n")
     flower = dep.run(path, out / label, timeout=3600)["flower"]
@@ -105,6 +109,8 @@ def run(out, quick: bool = False, rounds: int | None = None) -> dict:
         echo_jax = _echo(dep, out / "echo-jax", rounds, *sizes, import_jax=True)
         with_hold = _ours(dep, out, "qlsd++", rounds, hold=True)
         secure = secagg.deployment(dep, out, _PROBLEM, _RUN, rounds)  # secure aggregation's round, plain and secure
+    with LocalDeployment(CLIENTS, out / "deployment-no-worker", workers=False) as dep:
+        without_worker = _ours(dep, out, "qlsd++", rounds)
     round_ratio = max(o["median_round_seconds"] for o in ours.values()) / echo["median_round_seconds"]
     process_ratio = (max(o["median_client_process_seconds"] for o in ours.values())
                      / echo_jax["median_client_process_seconds"])
@@ -113,7 +119,9 @@ def run(out, quick: bool = False, rounds: int | None = None) -> dict:
         "flower_round_ratio": round_ratio, "flower_round_ratio_target": TARGETS["flower_round_ratio"],
         "flower_client_process_ratio": process_ratio,
         "flower_client_process_ratio_target": TARGETS["flower_client_process_ratio"],
-        "flower": {**ours, "qlsd++_with_hold": with_hold, "echo_default_loop": echo, "echo_importing_jax": echo_jax,
+        "flower": {**ours, "qlsd++_with_hold": with_hold, "qlsd++_without_node_worker": without_worker,
+                   "echo_default_loop": echo, "echo_importing_jax": echo_jax,
                    "settings": {"supernodes": CLIENTS, "rounds": rounds, "tls": False, "node_env": NODE_ENV,
+                                "node_workers": True,
                                 "message_bytes": sizes[0], "reply_bytes": sizes[1]}},
     }
