@@ -15,8 +15,9 @@
   (``--node-config "partition-id=i"``) and the run config's ``config``, keeping the client state
   in ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it,
   ``data-path`` the file a ``[data]`` run's node reads as its own client, and ``cache-dir`` where
-  it keeps its compiled programs (:func:`cache_dir`). A ``hold`` is answered at once, without
-  importing JAX (docs/flower.md, "Latency per round").
+  it keeps its compiled programs (:func:`cache_dir`), and ``worker`` the folder of the node's worker
+  (:mod:`fedmcmc.app.flower.worker`), which then answers (:func:`answer`) for the ClientApp
+  process. A ``hold`` is answered at once, without importing JAX (docs/flower.md, "Latency per round").
 
 A message is an ``ArrayRecord`` (broadcasts and masks as arrays, the uploads' wire encodings as
 ``uint8`` arrays) and a ``ConfigRecord`` of JSON strings (:func:`to_content`).

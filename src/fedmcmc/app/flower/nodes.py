@@ -88,15 +88,16 @@ def parsed(text: str) -> dict:
     return cfg
 
 
-def base_dir(context):
-    """Where the config's relative paths start on this node: the run config's ``data-dir``."""
-    return str(context.run_config.get("data-dir", "")) or None
+def base_dir(node):
+    """Where the config's relative paths start on this node (``node``: its
+    :class:`~fedmcmc.app.flower.apps.NodeView` or Flower ``Context``): the run config's ``data-dir``."""
+    return str(node.run_config.get("data-dir", "")) or None
 
 
-def node_local(text: str, index: int, context) -> tuple:
+def node_local(text: str, index: int, node) -> tuple:
     """``(train, summary)`` of this node's own client of a ``[data]`` run (read once per process):
     the file of its node config's ``data-path``, else the config's client ``index``."""
-    path = str(context.node_config.get("data-path", "")) or None
+    path = str(node.node_config.get("data-path", "")) or None
     key = (config_hash(text), index, path)
     if key not in _LOCAL:
         section = parsed(text)["data"]
@@ -104,7 +105,7 @@ def node_local(text: str, index: int, context) -> tuple:
         if not 0 <= index < b:
             raise ValueError(f"partition id {index} out of range for {b} clients; start node i with "
                              "--node-config 'partition-id=i' for i in 0..num_clients-1")
-        data = read_node(section, index, path, base_dir(context))
+        data = read_node(section, index, path, base_dir(node))
         _LOCAL[key] = inputs_lib.split_local(section, index, data)[::2]
     return _LOCAL[key]
 
