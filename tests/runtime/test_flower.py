@@ -466,7 +466,8 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
     process; docs/flower.md): the ClientApps relay every message to it, never answering by
     themselves, and the run gives the simulator's samples on the sites' files bit for bit; a
     worker's error reaches the ClientApp as its own; with no worker in the folder the ClientApp
-    answers by itself and says why; SIGTERM stops the worker and removes its socket."""
+    answers by itself and says why; SIGTERM stops the worker and removes its socket; a folder
+    too long for a Unix socket is refused with the fix."""
     import subprocess
     import sys
 
@@ -504,3 +505,5 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
         proc.terminate()
         assert proc.wait(timeout=60) == 0
     assert not (folder / worker.SOCKET).exists()
+    with pytest.raises(ValueError, match="over the 107 a Unix socket's path may have: choose a shorter folder"):
+        worker.serve(tmp_path / ("x" * 120))

@@ -44,18 +44,26 @@ SOCKET, KEY = "socket", "key"
 #: How long a ClientApp process waits for the worker's answer when the run's config sets no
 #: ``[flower] round_timeout`` (the server gives up on a reply after that anyway).
 ANSWER_TIMEOUT = 3600.0
+#: The longest path of a Unix socket on Linux (``sun_path`` holds 108 bytes with the final NUL).
+MAX_SOCKET_PATH = 107
 
 
 def serve(folder, idle: float = 3600.0) -> None:
     """Answer the requests of the node's ClientApp processes (module docstring) until ``idle``
     seconds pass without one; a request that fails is answered with its error."""
+    folder = Path(folder).absolute()
+    address = folder / SOCKET
+    if len(os.fsencode(address)) > MAX_SOCKET_PATH:
+        raise ValueError(f"the worker's socket {address} is {len(os.fsencode(address))} bytes long, over the "
+                         f"{MAX_SOCKET_PATH} a Unix socket's path may have: choose a shorter folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+    except OSError as err:
+        raise ValueError(f"cannot make the worker's folder {folder} ({err.strerror}): choose a folder you can write") from None
     from fedmcmc.app.flower import apps
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
     key = secrets.token_bytes(32)
-    address = folder / SOCKET
     address.unlink(missing_ok=True)
     with Listener(str(address), "AF_UNIX", authkey=key) as listener:
         _write_private(folder / KEY, key)  # after the socket exists: a ClientApp that reads the key can connect
