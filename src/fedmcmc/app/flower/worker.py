@@ -90,11 +90,8 @@ def serve(folder, idle: float = 3600.0) -> None:
             with busy, conn:
                 try:
                     request = conn.recv()
-                    started = time.perf_counter()
                     try:
                         conn.send(("ok", *apps.answer(*request)))
-                        log.debug("node worker %s: client %s's %s message answered in %.3f s", folder, request[2],
-                                 request[0]["kind"], time.perf_counter() - started)
                     except Exception as err:  # noqa: BLE001 -- the ClientApp raises it as its own error
                         conn.send(("error", f"{type(err).__name__}: {err}"))
                 except (OSError, EOFError) as err:  # the ClientApp process went away
