@@ -162,10 +162,11 @@ def answer(m: dict, text: str, index: int, node: NodeView, store: dict) -> tuple
     after it. A ``[data]`` run's ``hello`` (the node's :class:`~fedmcmc.app.inputs.ClientSummary`)
     and ``nodes`` (the run's inputs, kept in ``store``) are answered here, the rest by the node's
     ``ClientRuntime``. Run in the ClientApp process or in the node's worker, with the same result."""
-    config_lib, _, nodes, client, _ = _lib()
-    if store.get("config") not in (None, client.config_hash(text)):
+    nodes, client = _lib()[2:4]
+    run = client.config_hash(text)
+    if store.get("config") not in (None, run):
         store = {}  # a new run with another config on this node
-    store["config"] = client.config_hash(text)
+    store["config"] = run
     for name in ("secagg-signing-key", "secagg-verify-keys"):  # signed key advertisements (paths)
         if node.node_config.get(name):
             store[name.replace("-", "_")] = str(node.node_config[name])
