@@ -4,7 +4,7 @@ The names below are imported on first use: ``import fedmcmc`` (and so any of its
 imports no JAX by itself, which keeps a Flower ClientApp process that needs none light.
 """
 
-import importlib
+from fedmcmc._lazy import exports as _exports
 
 __version__ = "0.1.0"
 
@@ -13,18 +13,7 @@ _HOMES = {
     "fedmcmc.data.federated": ("FederatedData", "from_clients"),
     "fedmcmc.runtime": ("simulate", "SimulationResult", "DivergenceError", "tune_cpu"),
 }
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
+_HOME = {name: (module, name) for module, names in _HOMES.items() for name in names}
 
 __all__ = list(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'fedmcmc' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = _exports(__name__, globals(), _HOME)

@@ -4,6 +4,8 @@ sampler gives the simulator's samples over the runtime in tests/core/test_confor
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import tomllib
 
@@ -419,9 +421,6 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
 def test_a_kept_program_is_loaded_by_another_process_and_gives_the_same_bits(tmp_path):
     """A client's compiled program kept on disk (fedmcmc.runtime.flower.programs) is loaded, not
     compiled again, and computes what the compiled program computes, bit for bit."""
-    import subprocess
-    import sys
-
     from fedmcmc.runtime.flower import programs
 
     code = ("import sys, numpy as np, jax\n"
@@ -460,6 +459,23 @@ def test_a_program_is_checked_before_other_processes_can_load_it(tmp_path, monke
     assert list(tmp_path.iterdir()) == []  # the failed program is not kept
 
 
+LEAN = """
+import sys
+import fedmcmc, fedmcmc.runtime, fedmcmc.app.flower.apps, fedmcmc.app.flower.worker
+from fedmcmc.runtime.flower.settings import flower_settings
+lean = "jax" not in sys.modules
+print(lean, flower_settings({"flower": {"poll_interval": 0.5}})["round_timeout"], fedmcmc.runtime.simulate is fedmcmc.simulate)
+"""
+
+
+def test_a_clientapp_that_relays_to_a_worker_imports_no_jax():
+    """What a ClientApp process with a node worker imports (fedmcmc, its ClientApp module, the worker
+    client and the ``[flower]`` defaults) holds no JAX; the lazy names still resolve."""
+    out = subprocess.run([sys.executable, "-c", LEAN], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "120.0", "True"]
+
+
 def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path, server_identity, monkeypatch,
                                                                          caplog):
     """Three nodes whose node config names one node worker (``worker``, a ``fedmcmc node-worker``
@@ -468,9 +484,6 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
     worker's error reaches the ClientApp as its own; with no worker in the folder the ClientApp
     answers by itself and says why; SIGTERM stops the worker and removes its socket; a folder
     too long for a Unix socket is refused with the fix."""
-    import subprocess
-    import sys
-
     from fedmcmc.app.flower import apps, worker
     from fedmcmc.app.flower.launch import data_paths
 

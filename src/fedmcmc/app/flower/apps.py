@@ -41,6 +41,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedmcmc.app.flower.clock import process_seconds  # noqa: E402
+from fedmcmc.runtime.flower.settings import flower_settings  # noqa: E402
 
 # JAX and the samplers are imported where they are used (``_lib``): a ClientApp process that
 # answers a ``hold`` imports none of them (docs/flower.md, "Latency per round").
@@ -259,7 +260,7 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
     if "data" not in cfg:
         runtime = server.ServerRuntime(cfg_text, out, config_lib.from_text, resume=resume)
         return runtime, GridTransport(grid, runtime.b, runtime.flower)
-    transport = GridTransport(grid, nodes.num_clients(cfg["data"]), {**server.DEFAULTS, **cfg.get("flower", {})})
+    transport = GridTransport(grid, nodes.num_clients(cfg["data"]), flower_settings(cfg))
     summaries = [nodes.summary_from_json(transport.hellos[i]["summary"]) for i in range(transport.b)]
     nodes.check_columns(summaries, [f"SuperNode {transport.node[i]} (partition-id {i})" for i in range(transport.b)])
     info, _ = inputs.combine(cfg["data"], summaries)

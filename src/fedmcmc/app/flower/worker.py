@@ -38,12 +38,11 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Listener
 from pathlib import Path
 
+from fedmcmc.runtime.flower.settings import flower_settings
+
 log = logging.getLogger("fedmcmc.runtime.flower")
 
 SOCKET, KEY = "socket", "key"
-#: How long a ClientApp process waits for the worker's answer when the run's config sets no
-#: ``[flower] round_timeout`` (the server gives up on a reply after that anyway).
-ANSWER_TIMEOUT = 3600.0
 #: The longest path of a Unix socket on Linux (``sun_path`` holds 108 bytes with the final NUL).
 MAX_SOCKET_PATH = 107
 
@@ -113,7 +112,7 @@ def ask(folder, request: tuple) -> tuple[dict, dict]:
         log.warning("no fedmcmc node worker in %s (%s); answering in this process (start one with "
                     "`fedmcmc node-worker %s`)", folder, err, folder)
         return apps.answer(*request)
-    timeout = float(tomllib.loads(text).get("flower", {}).get("round_timeout", ANSWER_TIMEOUT))
+    timeout = float(flower_settings(tomllib.loads(text))["round_timeout"])  # the server waits no longer
     with conn:
         conn.send(request)
         if not conn.poll(timeout):

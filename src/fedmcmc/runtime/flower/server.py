@@ -42,15 +42,13 @@ from fedmcmc.core import xla
 from fedmcmc.runtime.flower import secagg
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime.flower.client import Build, ClientRuntime, config_hash
+from fedmcmc.runtime.flower.settings import flower_settings
 from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, from_leaves, items, leaves
 from fedmcmc.runtime.records import assemble, check_finite, fingerprint, save_npz
 from fedmcmc.runtime.round import chain_keys
 
 log = logging.getLogger("fedmcmc.runtime.flower")
 
-#: Default settings of the ``[flower]`` part of a run (``ServerRuntime`` keyword arguments).
-DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8, "poll_interval": 0.1, "hold": False,
-            "secure_aggregation": False}
 
 
 
@@ -84,7 +82,7 @@ class ServerRuntime:
     def __init__(self, cfg_text: str, out_dir, build: Build, resume: bool = False, state_dir=None):
         self.cfg_text = cfg_text
         self.cfg, self.built = build(cfg_text)
-        self.flower = {**DEFAULTS, **self.cfg.get("flower", {})}
+        self.flower = flower_settings(self.cfg)
         self.sampler, data = self.built.sampler, self.built.data
         self.b = data.num_clients
         r = self.cfg["run"]
