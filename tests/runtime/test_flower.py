@@ -4,6 +4,7 @@ sampler gives the simulator's samples over the runtime in tests/core/test_confor
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -481,7 +482,8 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
     """Three nodes whose node config names one node worker (``worker``, a ``fedmcmc node-worker``
     process; docs/flower.md): the ClientApps relay every message to it, never answering by
     themselves, and the run gives the simulator's samples on the sites' files bit for bit; a
-    worker's error reaches the ClientApp as its own; with no worker in the folder the ClientApp
+    worker's error reaches the ClientApp as its own; a connection that never sends a request holds
+    up no other; with no worker in the folder the ClientApp
     answers by itself and says why; SIGTERM stops the worker and removes its socket; a folder
     too long for a Unix socket is refused with the fix."""
     from fedmcmc.app.flower import apps, worker
@@ -501,8 +503,11 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
             if (folder / worker.KEY).exists():
                 break
             time.sleep(0.1)
+        silent = socket.socket(socket.AF_UNIX)  # connects and never speaks: it must hold up no ClientApp
+        silent.connect(str(folder / worker.SOCKET))
         grid = InProcessGrid(apps.make_client_app(), 3, text, node_config=paths)
         apps.run_server(grid, text, tmp_path / "out", False, "test")
+        silent.close()
         samples = np.concatenate([np.load(c)["positions"] for c in sorted((tmp_path / "out" / "chunks").glob("chunk_*"))],
                                  axis=1)
         np.testing.assert_array_equal(samples, ref.samples)  # bit for bit

@@ -21,8 +21,9 @@ Start one per SuperNode, as the SuperNode's user, before or after the SuperNode:
 (``fedmcmc flower deploy`` does this for its SuperNodes.) The folder is made private to the
 user (mode 0700); it holds the Unix socket and a random key with which the ClientApp processes
 authenticate (:mod:`multiprocessing.connection`'s HMAC challenge), since requests and answers
-are pickled. The worker answers one message at a time, and exits after ``idle`` seconds
-without one (default one hour) or on SIGTERM.
+are pickled. The worker answers one message at a time (a connection that never sends its
+request holds up only its own thread), and exits after ``idle`` seconds without one (default one
+hour) or on SIGTERM.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import threading
 import time
 import tomllib
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import Client, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 
 from fedmcmc.runtime.flower.settings import flower_settings
@@ -64,7 +65,9 @@ def serve(folder, idle: float = 3600.0) -> None:
 
     key = secrets.token_bytes(32)
     address.unlink(missing_ok=True)
-    with Listener(str(address), "AF_UNIX", authkey=key) as listener:
+    # no authkey here: the challenge is run per connection, in its own thread, so a process that
+    # connects and then stays silent holds up only that thread, never the next ClientApp
+    with Listener(str(address), "AF_UNIX") as listener:
         _write_private(folder / KEY, key)  # after the socket exists: a ClientApp that reads the key can connect
         apps._lib()  # JAX and the samplers, while the first ClientApp process connects
         last, busy = [time.monotonic()], threading.Lock()
@@ -78,24 +81,34 @@ def serve(folder, idle: float = 3600.0) -> None:
                         address.unlink(missing_ok=True)
                         os._exit(0)
 
+        def handle(conn):  # one connection: the key proved both ways, one request, its answer
+            with conn:
+                try:
+                    deliver_challenge(conn, key)
+                    answer_challenge(conn, key)
+                    request = conn.recv()
+                except (OSError, EOFError, AuthenticationError) as err:  # a wrong key, or a dropped client
+                    log.warning("node worker %s: refused or lost a connection: %s", folder, err)
+                    return
+                with busy:  # one answer at a time
+                    try:
+                        try:
+                            conn.send(("ok", *apps.answer(*request)))
+                        except Exception as err:  # noqa: BLE001 -- the ClientApp raises it as its own error
+                            conn.send(("error", f"{type(err).__name__}: {err}"))
+                    except (OSError, EOFError) as err:  # the ClientApp process went away
+                        log.warning("node worker %s: lost a ClientApp process: %s", folder, err)
+                    last[0] = time.monotonic()
+
         threading.Thread(target=watch, daemon=True).start()
         signal.signal(signal.SIGTERM, lambda *_: (address.unlink(missing_ok=True), os._exit(0)))
         while True:
             try:
                 conn = listener.accept()
-            except (OSError, EOFError, AuthenticationError) as err:  # a wrong key, or a dropped client
-                log.warning("node worker %s: refused a connection: %s", folder, err)
+            except OSError as err:
+                log.warning("node worker %s: accept failed: %s", folder, err)
                 continue
-            with busy, conn:
-                try:
-                    request = conn.recv()
-                    try:
-                        conn.send(("ok", *apps.answer(*request)))
-                    except Exception as err:  # noqa: BLE001 -- the ClientApp raises it as its own error
-                        conn.send(("error", f"{type(err).__name__}: {err}"))
-                except (OSError, EOFError) as err:  # the ClientApp process went away
-                    log.warning("node worker %s: lost a ClientApp process: %s", folder, err)
-                last[0] = time.monotonic()
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
 
 def ask(folder, request: tuple) -> tuple[dict, dict]:
