@@ -481,11 +481,10 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
                                                                          caplog):
     """Three nodes whose node config names one node worker (``worker``, a ``fedmcmc node-worker``
     process; docs/flower.md): the ClientApps relay every message to it, never answering by
-    themselves, and the run gives the simulator's samples on the sites' files bit for bit; a
-    worker's error reaches the ClientApp as its own; a connection that never sends a request holds
-    up no other; with no worker in the folder the ClientApp
-    answers by itself and says why; SIGTERM stops the worker and removes its socket; a folder
-    too long for a Unix socket is refused with the fix."""
+    themselves, and the run gives the simulator's samples on the sites' files bit for bit, while
+    a connection that never sends a request is open; a worker's error reaches the ClientApp as its
+    own; with no worker in the folder the ClientApp answers by itself and says why; SIGTERM stops
+    the worker and removes its socket; a folder too long for a Unix socket is refused with the fix."""
     from fedmcmc.app.flower import apps, worker
     from fedmcmc.app.flower.launch import data_paths
 

@@ -50,9 +50,6 @@ from fedmcmc.runtime.round import chain_keys
 log = logging.getLogger("fedmcmc.runtime.flower")
 
 
-
-
-
 class Transport(Protocol):
     """How the server reaches the clients: ``exchange({client: message}, timeout)`` returns
     ``{client: reply}``, with ``None`` for a client that failed or did not answer in time."""
