@@ -27,6 +27,7 @@ import numpy as np
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime.flower import programs as programs_lib
 from fedmcmc.runtime.flower import secagg
+from fedmcmc.runtime.flower.settings import flower_settings
 from fedmcmc.runtime.flower.wire import encode_upload, from_leaves, items, leaves, pack, unpack
 from fedmcmc.runtime.records import save_npz
 from fedmcmc.runtime.round import chain_keys
@@ -110,7 +111,7 @@ class ClientRuntime:
         # The client's own data (never sent anywhere), as a vmap batch of ``width`` copies: XLA
         # compiles a batch of one differently from the simulator's batch of b clients (the
         # last bit of a reduction can differ), a batch of b identical copies exactly alike.
-        self.width = self.b if self.cfg.get("flower", {}).get("exact", True) else 1
+        self.width = self.b if flower_settings(self.cfg)["exact"] else 1
         own = data_fn(index) if data_fn else data.clients().take(np.asarray([index]))
         own = jax.tree_util.tree_map(np.asarray, own)
         self.data = own.take(np.zeros((self.width,), np.int32))

@@ -1,9 +1,11 @@
 """The ``[flower]`` part of a run config: its settings and their defaults, read by the server
-(:class:`fedmcmc.runtime.flower.server.ServerRuntime`) and by a node's ClientApp process, which
-imports no JAX (:mod:`fedmcmc.app.flower.worker`)."""
+(:class:`fedmcmc.runtime.flower.server.ServerRuntime`), the clients
+(:class:`fedmcmc.runtime.flower.client.ClientRuntime`), the config check
+(:mod:`fedmcmc.app.config`) and a node's ClientApp process, which imports no JAX
+(:mod:`fedmcmc.app.flower.worker`)."""
 
-#: Default settings of the ``[flower]`` part of a run (``ServerRuntime`` keyword arguments).
-DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8, "poll_interval": 0.1, "hold": False,
+#: Every setting of the ``[flower]`` part of a run, with its default (docs/flower.md).
+DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8, "exact": True, "poll_interval": 0.1, "hold": False,
             "secure_aggregation": False}
 
 
