@@ -25,6 +25,13 @@ if "PYTEST_XDIST_WORKER" not in os.environ and "JAX_COMPILATION_CACHE_DIR" not i
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
                       FEDMCMC_TESTS_OWN_XLA_CACHE="1")
 
+# XLA on one intra-op thread in every test process, as in every fedmcmc process (the command line,
+# worker processes, Flower apps and node workers; fedmcmc.runtime.cpu.one_thread_xla): the programs
+# compiled here are theirs, and a second thread would only spin beside the one that runs them.
+from fedmcmc.runtime.cpu import one_thread_xla  # noqa: E402
+
+one_thread_xla()
+
 # Longest files first (measured with --durations=0), in this order: `make test` spreads files over
 # several workers (in this order with --no-loadscope-reorder; xdist's default puts the files of
 # most tests first), and these would otherwise start last and run alone at the end. The deployment

@@ -6,9 +6,11 @@ that pool and block the calling thread until the pieces are done; when every poo
 such a caller (two devices' programs each in a LAPACK call, on two cores), nothing is left to
 run the pieces and the process waits forever (docs/design.md, "Chains over cores"). A worker
 process has one XLA device, running one program at a time (``--xla_cpu_multi_thread_eigen=false``),
-so that wait cannot arise, and each worker is pinned to its own core. It starts XLA before
-pinning itself, so that XLA compiles for the parent's number of cores: the parent's programs,
-hence the parent's draws bit for bit.
+so that wait cannot arise, and each worker is pinned to its own core. It starts XLA with as many
+intra-op threads as the parent has, so that it compiles the parent's programs, hence gives the
+parent's draws bit for bit: one if the parent started XLA on one thread
+(:func:`fedmcmc.runtime.cpu.one_thread_xla`, as fedmcmc's own processes do), else as many as the
+parent's cores.
 
 The protocol is a strict request and reply over the worker's stdin and stdout: frames of
 an 8-byte length and a pickle. A request is ``(method, args)``; the reply is ``("ok", value)``
@@ -59,12 +61,13 @@ class WorkerError(RuntimeError):
 
 
 class _Process:
-    def __init__(self, index: int, core: int | None, cache: dict):
+    def __init__(self, index: int, core: int | None, cache: dict, one_thread: bool):
         env = {**os.environ, **cache}
         flags = env.get("XLA_FLAGS", "")
         env["XLA_FLAGS"] = " ".join([flags, *(f for f in _FLAGS if f.split("=")[0] not in flags)]).strip()
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        args = [sys.executable, "-m", "fedmcmc.runtime.workers"] + ([str(core)] if core is not None else [])
+        args = [sys.executable, "-m", "fedmcmc.runtime.workers", str(int(one_thread))] + ([str(core)] if core is not None
+                                                                                        else [])
         self.index = index
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=os.getcwd())
         self.jobs: dict[str, None] = {}  # the jobs the worker holds, oldest first (as it evicts them)
@@ -120,13 +123,13 @@ def _cache_env() -> dict:
 
 
 def _pool(size: int) -> list[_Process]:
-    from fedmcmc.runtime.cpu import available_cores
+    from fedmcmc.runtime.cpu import available_cores, started_one_thread
 
     if len(_POOL) != size or any(p.proc.poll() is not None for p in _POOL):
         _shutdown()
         cores, cache = available_cores(), _cache_env()
         pin = size <= len(cores)
-        _POOL.extend(_Process(i, cores[i] if pin else None, cache) for i in range(size))
+        _POOL.extend(_Process(i, cores[i] if pin else None, cache, started_one_thread()) for i in range(size))
     return _POOL
 
 
@@ -191,14 +194,19 @@ def start(seed: int, sampler, data, statistic, blocks: list[range], theta0, widt
     return remotes
 
 
-def _serve(core: int | None) -> None:  # pragma: no cover - runs in the worker process
+def _serve(one_thread: bool, core: int | None) -> None:  # pragma: no cover - runs in the worker process
     requests, replies = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
     import jax
 
-    # XLA's CPU client sizes the programs it compiles to the cores the process may use when it
-    # starts (its intra-op pool): start it before pinning, so that a worker compiles the
-    # parent's programs and its draws are the parent's bit for bit (docs/design.md).
+    from fedmcmc.runtime.cpu import one_thread_xla
+
+    # XLA's CPU client sizes the programs it compiles to its intra-op threads, as many as the
+    # cores the process may use when it starts: start it as the parent did (on one thread, or
+    # on the parent's cores) and only then pin, so that a worker compiles the parent's programs
+    # and its draws are the parent's bit for bit (docs/design.md).
+    if one_thread:
+        one_thread_xla()
     jax.devices()
     if core is not None and hasattr(os, "sched_setaffinity"):
         for thread in os.listdir("/proc/self/task"):  # the pool's threads too
@@ -240,4 +248,4 @@ def _serve(core: int | None) -> None:  # pragma: no cover - runs in the worker p
 
 
 if __name__ == "__main__":  # pragma: no cover
-    _serve(int(sys.argv[1]) if len(sys.argv) > 1 else None)
+    _serve(sys.argv[1] == "1", int(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -57,7 +57,11 @@ HOLD = "hold"
 
 
 def _lib():
-    """The modules a ClientApp or ServerApp needs beyond Flower (JAX, the samplers), on first use."""
+    """The modules a ClientApp or ServerApp needs beyond Flower (JAX, the samplers), on first use,
+    with XLA started on one intra-op thread (:func:`fedmcmc.runtime.cpu.one_thread_xla`)."""
+    from fedmcmc.runtime.cpu import one_thread_xla
+
+    one_thread_xla()
     from fedmcmc.app import config, inputs
     from fedmcmc.app.flower import nodes
     from fedmcmc.runtime.flower import client, server
