@@ -27,7 +27,7 @@ if "PYTEST_XDIST_WORKER" not in os.environ and "JAX_COMPILATION_CACHE_DIR" not i
 
 # XLA on one intra-op thread in every test process, as in every fedmcmc process (the command line,
 # worker processes, Flower apps and node workers; fedmcmc.runtime.cpu.one_thread_xla): the programs
-# compiled here are theirs, and a second thread would only spin beside the one that runs them.
+# compiled here are theirs (the thread count is in the programs).
 from fedmcmc.runtime.cpu import one_thread_xla  # noqa: E402
 
 one_thread_xla()

@@ -195,6 +195,34 @@ def test_blockwise_pads_the_last_block_and_drops_the_padding():
     np.testing.assert_array_equal(out[1], x.sum(axis=1))
 
 
+ONE_THREAD = """
+import os, sys
+from fedmcmc.runtime import cpu
+cores = os.sched_getaffinity(0)
+if sys.argv[1] == "jax-first":
+    import jax; jax.devices()
+started = cpu.one_thread_xla()
+import jax, jax.numpy as jnp
+jax.block_until_ready(jnp.ones(3) + 1)
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(started, cpu.started_one_thread(), cpu.one_thread_xla(), names.count("tf_XLAEigen"),
+      all(os.sched_getaffinity(int(t)) == cores for t in os.listdir("/proc/self/task")), len(cores))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins threads through Linux's affinity calls")
+def test_one_thread_xla_starts_one_intra_op_thread_and_leaves_every_core():
+    """Before JAX has started: XLA gets one intra-op thread (named ``tf_XLAEigen`` by XLA) and every
+    thread keeps the process's cores. After: nothing changes, and it says so."""
+    runs = {first: subprocess.run([sys.executable, "-c", ONE_THREAD, first], capture_output=True, text=True,
+                                  timeout=120) for first in ("fedmcmc-first", "jax-first")}
+    assert all(r.returncode == 0 for r in runs.values()), [r.stderr for r in runs.values()]
+    started, recorded, again, pool, unpinned, cores = runs["fedmcmc-first"].stdout.split()
+    assert (started, recorded, again, pool, unpinned) == ("True", "True", "True", "1", "True")
+    started, recorded, again, pool, unpinned, _ = runs["jax-first"].stdout.split()
+    assert (started, recorded, again, pool, unpinned) == ("False", "False", "False", cores, "True")
+
+
 def test_tune_cpu_sets_the_default_number_of_workers():
     try:
         assert fedmcmc.tune_cpu(3) == 3 and fedmcmc.runtime.cpu.default_workers() == 3

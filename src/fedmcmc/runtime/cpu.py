@@ -30,12 +30,13 @@ def one_thread_xla() -> bool:
     """Start JAX's backends with one XLA intra-op thread, if they have not started yet.
 
     XLA's CPU client takes as many intra-op threads as the cores the starting thread may use, and
-    compiles for that many: it splits large loop fusions into one part per thread. Our programs
-    run one kernel after another (``xla_cpu_multi_thread_eigen`` off, :mod:`fedmcmc.core.xla`),
-    so a second thread only spins, waiting for work: on two cores a run used 1.6 times the CPU of
-    one thread in the same wall time, and a worker process, whose threads share one core, ran
-    12% slower (docs/benchmarks.md). Started with one thread, every process compiles the same
-    programs whatever its machine's core count, so its draws do not depend on it (docs/design.md).
+    compiles for that many: it splits large loop fusions into one part per thread. A worker
+    process pinned to one core with two such threads ran the toy QLSD* 1.55 times slower than
+    with one: the second thread spins beside the first, on the same core. In a process on two
+    cores the second thread runs some kernels beside the first: 18% faster on the toy (and 8%
+    at 1.6 times the CPU on two smaller programs; docs/benchmarks.md, "XLA on one thread"). Started with one thread, every
+    process compiles the same programs whatever its machine's core count, so its draws do not
+    depend on it (docs/design.md).
 
     The calling thread is pinned to one core while the backends start and then given back its
     cores, with the threads started meanwhile (XLA's), so the process still runs on all of them.
@@ -103,9 +104,8 @@ def tune(workers: int | None = None) -> int:
     compiles (for as many intra-op threads), and chain ``c`` gets the same keys in whichever
     process runs it, so the samples are the same bit for bit as in one process (tested).
     Workers start on the first run that uses them (about 2 s) and are reused until the process
-    exits. Samplers, data and
-    statistics are sent to them with cloudpickle; a run whose sampler cannot be pickled
-    raises. On GPU or TPU the setting is ignored.
+    exits. Samplers, data and statistics are sent to them with cloudpickle; a run whose sampler
+    cannot be pickled raises. On GPU or TPU the setting is ignored.
     """
     global _WORKERS
     one_thread_xla()

@@ -66,8 +66,8 @@ class _Process:
         flags = env.get("XLA_FLAGS", "")
         env["XLA_FLAGS"] = " ".join([flags, *(f for f in _FLAGS if f.split("=")[0] not in flags)]).strip()
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        args = [sys.executable, "-m", "fedmcmc.runtime.workers", str(int(one_thread))] + ([str(core)] if core is not None
-                                                                                        else [])
+        args = [sys.executable, "-m", "fedmcmc.runtime.workers", str(int(one_thread))]
+        args += [str(core)] if core is not None else []
         self.index = index
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=os.getcwd())
         self.jobs: dict[str, None] = {}  # the jobs the worker holds, oldest first (as it evicts them)
