@@ -34,9 +34,9 @@ def one_thread_xla() -> bool:
     process pinned to one core with two such threads ran the toy QLSD* 1.55 times slower than
     with one: the second thread spins beside the first, on the same core. In a process on two
     cores the second thread runs some kernels beside the first: 18% faster on the toy (and 8%
-    at 1.6 times the CPU on two smaller programs; docs/benchmarks.md, "XLA on one thread"). Started with one thread, every
-    process compiles the same programs whatever its machine's core count, so its draws do not
-    depend on it (docs/design.md).
+    at 1.6 times the CPU on two smaller programs; docs/benchmarks.md, "XLA on one thread").
+    Started with one thread, every process compiles the same programs whatever its machine's
+    core count, so its draws do not depend on it (docs/design.md).
 
     The calling thread is pinned to one core while the backends start and then given back its
     cores, with the threads started meanwhile (XLA's), so the process still runs on all of them.
