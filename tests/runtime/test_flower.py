@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import signal
 import subprocess
 import sys
 import time
@@ -483,7 +484,8 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
     process; docs/flower.md): the ClientApps relay every message to it, never answering by
     themselves, and the run gives the simulator's samples on the sites' files bit for bit, while
     a connection that never sends a request is open; a worker's error reaches the ClientApp as its
-    own; with no worker in the folder the ClientApp answers by itself and says why; SIGTERM stops
+    own; with no worker in the folder, or a stopped one, the ClientApp answers by itself and says
+    why; SIGTERM stops
     the worker and removes its socket; a folder too long for a Unix socket is refused with the fix."""
     from fedmcmc.app.flower import apps, worker
     from fedmcmc.app.flower.launch import data_paths
@@ -517,6 +519,19 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
         with caplog.at_level("WARNING"):
             assert worker.ask(tmp_path / "nowhere", ({"kind": "init"}, text, 0, node, {"k": 1})) == ({"ok": 1}, {"k": 1})
         assert "no fedmcmc node worker in" in caplog.text and "answering in this process" in caplog.text
+        # a stopped worker: the kernel still accepts the connection, but the worker never proves its
+        # key; the ClientApp answers by itself after HANDSHAKE_TIMEOUT seconds instead of hanging
+        monkeypatch.setattr(worker, "HANDSHAKE_TIMEOUT", 1.0)
+        caplog.clear()
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with caplog.at_level("WARNING"):
+                assert worker.ask(folder, ({"kind": "init"}, text, 0, node, {"k": 2})) == ({"ok": 1}, {"k": 2})
+            assert time.monotonic() - start < 30
+            assert "gave no answer in 1 s: stopped or stuck" in caplog.text, caplog.text
+        finally:
+            proc.send_signal(signal.SIGCONT)
         monkeypatch.setattr(apps, "answer", answer)
     finally:
         proc.terminate()

@@ -11,7 +11,8 @@ stay loaded in the worker between messages. The worker runs
 :func:`fedmcmc.app.flower.apps.answer`, as the ClientApp process would, so the replies are the
 same bit for bit; the node's state still travels in Flower's ``Context.state``, so a worker
 holds nothing that a restart would lose. If no worker answers in ``FOLDER`` (not started,
-stopped, killed), the ClientApp process answers by itself and logs why.
+killed, or stopped or stuck so that it does not prove its key within ``HANDSHAKE_TIMEOUT``
+seconds), the ClientApp process answers by itself and logs why.
 
 Start one per SuperNode, as the SuperNode's user, before or after the SuperNode::
 
@@ -32,11 +33,13 @@ import logging
 import os
 import secrets
 import signal
+import socket
+import struct
 import threading
 import time
 import tomllib
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Listener, answer_challenge, deliver_challenge
+from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 
 from fedmcmc.runtime.flower.settings import flower_settings
@@ -46,6 +49,10 @@ log = logging.getLogger("fedmcmc.runtime.flower")
 SOCKET, KEY = "socket", "key"
 #: The longest path of a Unix socket on Linux (``sun_path`` holds 108 bytes with the final NUL).
 MAX_SOCKET_PATH = 107
+#: Seconds a ClientApp process waits for the worker at each step of connecting (the key challenge
+#: both ways) and at each read or write of a message before answering by itself: a worker that is
+#: stopped still completes the socket's connection in the kernel, and would then never answer.
+HANDSHAKE_TIMEOUT = 60.0
 
 
 def serve(folder, idle: float = 3600.0) -> None:
@@ -118,10 +125,12 @@ def ask(folder, request: tuple) -> tuple[dict, dict]:
     m, text = request[:2]
     folder = Path(folder)
     try:
-        conn = Client(str(folder / SOCKET), "AF_UNIX", authkey=(folder / KEY).read_bytes())
+        conn = _connect(folder / SOCKET, (folder / KEY).read_bytes(), HANDSHAKE_TIMEOUT)
     except (OSError, EOFError, AuthenticationError) as err:
         from fedmcmc.app.flower import apps
 
+        if isinstance(err, (TimeoutError, BlockingIOError)):  # connecting, or a read or write of the challenge
+            err = f"it gave no answer in {HANDSHAKE_TIMEOUT:g} s: stopped or stuck"
         log.warning("no fedmcmc node worker in %s (%s); answering in this process (start one with "
                     "`fedmcmc node-worker %s`)", folder, err, folder)
         return apps.answer(*request)
@@ -134,6 +143,29 @@ def ask(folder, request: tuple) -> tuple[dict, dict]:
     if status != "ok":
         raise RuntimeError(f"node worker in {folder}: {answer[0]}")
     return answer[0], answer[1]
+
+
+def _connect(address: Path, key: bytes, timeout: float) -> Connection:
+    """A connection to the worker listening at ``address``, both sides' knowledge of ``key``
+    proved (:mod:`multiprocessing.connection`'s challenge). Connecting, and every later read or
+    write on the connection, fails with an ``OSError`` after ``timeout`` seconds without
+    progress (the socket's ``SO_RCVTIMEO`` and ``SO_SNDTIMEO``), so a worker that stops answering
+    never holds the ClientApp process; waiting for an answer is :meth:`Connection.poll`'s."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(address))
+        sock.setblocking(True)  # a Connection reads a blocking descriptor; the kernel keeps the timeouts
+        limit = struct.pack("ll", int(timeout), int(timeout % 1 * 1e6))  # struct timeval
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        conn = Connection(sock.detach())
+    try:
+        answer_challenge(conn, key)
+        deliver_challenge(conn, key)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _write_private(path: Path, data: bytes) -> None:
