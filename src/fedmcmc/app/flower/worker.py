@@ -23,7 +23,7 @@ Start one per SuperNode, as the SuperNode's user, before or after the SuperNode:
 user (mode 0700); it holds the Unix socket and a random key with which the ClientApp processes
 authenticate (:mod:`multiprocessing.connection`'s HMAC challenge), since requests and answers
 are pickled. The worker answers one message at a time (a connection that never sends its
-request holds up only its own thread), and exits after ``idle`` seconds without one (default one
+request holds up only its own thread, for ``HANDSHAKE_TIMEOUT`` seconds), and exits after ``idle`` seconds without one (default one
 hour) or on SIGTERM.
 """
 
@@ -91,11 +91,12 @@ def serve(folder, idle: float = 3600.0) -> None:
         def handle(conn):  # one connection: the key proved both ways, one request, its answer
             with conn:
                 try:
+                    _limit(conn, HANDSHAKE_TIMEOUT)  # a silent or stopped ClientApp frees this thread
                     deliver_challenge(conn, key)
                     answer_challenge(conn, key)
                     request = conn.recv()
                 except (OSError, EOFError, AuthenticationError) as err:  # a wrong key, or a dropped client
-                    log.warning("node worker %s: refused or lost a connection: %s", folder, err)
+                    log.warning("node worker %s: refused or lost a connection: %s", folder, _why(err))
                     return
                 with busy:  # one answer at a time
                     try:
@@ -129,10 +130,8 @@ def ask(folder, request: tuple) -> tuple[dict, dict]:
     except (OSError, EOFError, AuthenticationError) as err:
         from fedmcmc.app.flower import apps
 
-        if isinstance(err, (TimeoutError, BlockingIOError)):  # connecting, or a read or write of the challenge
-            err = f"it gave no answer in {HANDSHAKE_TIMEOUT:g} s: stopped or stuck"
         log.warning("no fedmcmc node worker in %s (%s); answering in this process (start one with "
-                    "`fedmcmc node-worker %s`)", folder, err, folder)
+                    "`fedmcmc node-worker %s`)", folder, _why(err), folder)
         return apps.answer(*request)
     timeout = float(flower_settings(tomllib.loads(text))["round_timeout"])  # the server waits no longer
     with conn:
@@ -154,18 +153,32 @@ def _connect(address: Path, key: bytes, timeout: float) -> Connection:
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(timeout)
         sock.connect(str(address))
-        sock.setblocking(True)  # a Connection reads a blocking descriptor; the kernel keeps the timeouts
-        limit = struct.pack("ll", int(timeout), int(timeout % 1 * 1e6))  # struct timeval
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        sock.setblocking(True)  # a Connection reads a blocking descriptor; the kernel keeps the limits
         conn = Connection(sock.detach())
     try:
+        _limit(conn, timeout)
         answer_challenge(conn, key)
         deliver_challenge(conn, key)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _limit(conn: Connection, timeout: float) -> None:
+    """Every later read or write on ``conn`` (a socket) fails with an ``OSError`` after ``timeout``
+    seconds without progress: the socket's ``SO_RCVTIMEO`` and ``SO_SNDTIMEO``."""
+    limit = struct.pack("ll", int(timeout), int(timeout % 1 * 1e6))  # struct timeval
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:  # the same socket; closing the copy keeps it
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+
+
+def _why(err: BaseException):
+    """``err``, or what it means if it is one of :func:`_limit`'s time limits."""
+    if isinstance(err, (TimeoutError, BlockingIOError)):
+        return f"no progress in {HANDSHAKE_TIMEOUT:g} s: the other side is stopped or stuck"
+    return err
 
 
 def _write_private(path: Path, data: bytes) -> None:
