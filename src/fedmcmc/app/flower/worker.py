@@ -23,8 +23,8 @@ Start one per SuperNode, as the SuperNode's user, before or after the SuperNode:
 user (mode 0700); it holds the Unix socket and a random key with which the ClientApp processes
 authenticate (:mod:`multiprocessing.connection`'s HMAC challenge), since requests and answers
 are pickled. The worker answers one message at a time (a connection that never sends its
-request holds up only its own thread, for ``HANDSHAKE_TIMEOUT`` seconds), and exits after ``idle`` seconds without one (default one
-hour) or on SIGTERM.
+request holds up only its own thread, for ``HANDSHAKE_TIMEOUT`` seconds), and exits after
+``idle`` seconds without one (default one hour) or on SIGTERM.
 """
 
 from __future__ import annotations
