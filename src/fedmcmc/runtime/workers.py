@@ -5,8 +5,10 @@ per core. jaxlib's LAPACK kernels (``eigh``, ``solve``, ``cholesky``, ...) split
 that pool and block the calling thread until the pieces are done; when every pool thread is
 such a caller (two devices' programs each in a LAPACK call, on two cores), nothing is left to
 run the pieces and the process waits forever (docs/design.md, "Chains over cores"). A worker
-process has one XLA device, running one program at a time (``--xla_cpu_multi_thread_eigen=false``),
-so that wait cannot arise, and each worker is pinned to its own core. It starts XLA with as many
+process has one XLA device (``jax_num_cpu_devices``), running one program at a time, so that
+wait cannot arise, and each worker is pinned to its own core. It keeps the parent's
+``XLA_FLAGS`` as they are: they are part of the key of JAX's compilation cache, so a worker
+loads from the cache the programs the parent compiled, and the parent those of the workers. It starts XLA with as many
 intra-op threads as the parent has, so that it compiles the parent's programs, hence gives the
 parent's draws bit for bit: one if the parent started XLA on one thread
 (:func:`fedmcmc.runtime.cpu.one_thread_xla`, as fedmcmc's own processes do), else as many as the
@@ -33,7 +35,6 @@ import sys
 import tempfile
 import traceback
 
-_FLAGS = ("--xla_force_host_platform_device_count=1", "--xla_cpu_multi_thread_eigen=false")
 _JOBS_KEPT = 8
 _CONFIG = ("jax_enable_x64", "jax_default_prng_impl", "jax_threefry_partitionable", "jax_default_matmul_precision")
 
@@ -63,8 +64,6 @@ class WorkerError(RuntimeError):
 class _Process:
     def __init__(self, index: int, core: int | None, cache: dict, one_thread: bool):
         env = {**os.environ, **cache}
-        flags = env.get("XLA_FLAGS", "")
-        env["XLA_FLAGS"] = " ".join([flags, *(f for f in _FLAGS if f.split("=")[0] not in flags)]).strip()
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         args = [sys.executable, "-m", "fedmcmc.runtime.workers", str(int(one_thread))]
         args += [str(core)] if core is not None else []
@@ -200,6 +199,8 @@ def _serve(one_thread: bool, core: int | None) -> None:  # pragma: no cover - ru
     import jax
 
     from fedmcmc.runtime.cpu import one_thread_xla
+
+    jax.config.update("jax_num_cpu_devices", 1)  # whatever --xla_force_host_platform_device_count says
 
     # XLA's CPU client sizes the programs it compiles to its intra-op threads, as many as the
     # cores the process may use when it starts: start it as the parent did (on one thread, or
