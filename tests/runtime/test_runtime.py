@@ -95,6 +95,35 @@ def test_worker_processes_give_the_samples_of_one_process(problem, name):
         np.testing.assert_array_equal(getattr(spread, field), getattr(here, field), err_msg=field)
 
 
+CACHED = """
+import os, sys, numpy as np, fedmcmc
+from fedmcmc.runtime.cpu import one_thread_xla
+one_thread_xla()
+from catalog import breast_cancer, samplers
+data, model = breast_cancer()
+sampler, d = samplers(data, model)["dsgld"]
+folder = os.environ["JAX_COMPILATION_CACHE_DIR"]
+kwargs = dict(num_chains=4, burn_in=2, thinning=2)  # two blocks of 2 chains
+here = fedmcmc.simulate(3, sampler, d, np.zeros(model.dim), 4, workers=1, **kwargs)
+before = set(os.listdir(folder))
+spread = fedmcmc.simulate(3, sampler, d, np.zeros(model.dim), 4, workers=2, **kwargs)
+programs = [name for name in set(os.listdir(folder)) - before if name.startswith(("jit_chain_init", "jit_run_chunk"))]
+print(sum(name.startswith("jit_run_chunk") for name in before), programs, np.array_equal(here.samples, spread.samples))
+"""
+
+
+def test_workers_load_the_programs_their_parent_compiled(tmp_path):
+    """With a compilation cache folder, worker processes load the simulator's programs that the
+    process that started them compiled (init and chunk, for the same blocks of chains): they keep
+    its ``XLA_FLAGS``, which are part of the cache's key (they used to add flags of their own, and
+    compiled every program again)."""
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", CACHED], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    chunks, added, same = out.stdout.split(maxsplit=1)[0], *out.stdout.split(maxsplit=1)[1].rsplit(maxsplit=1)
+    assert int(chunks) > 0 and added == "[]" and same == "True", out.stdout
+
+
 def test_a_run_resumes_with_another_number_of_workers(problem, tmp_path, monkeypatch):
     data, model, catalog = problem
     sampler, d = catalog["qlsd++"]
