@@ -485,8 +485,8 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
     themselves, and the run gives the simulator's samples on the sites' files bit for bit, while
     a connection that never sends a request is open; a worker's error reaches the ClientApp as its
     own; with no worker in the folder, or a stopped one, the ClientApp answers by itself and says
-    why; SIGTERM stops
-    the worker and removes its socket; a folder too long for a Unix socket is refused with the fix."""
+    why; SIGTERM stops the worker and removes its socket; a folder too long for a Unix socket is
+    refused with the fix."""
     from fedmcmc.app.flower import apps, worker
     from fedmcmc.app.flower.launch import data_paths
 

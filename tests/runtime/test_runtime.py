@@ -1,6 +1,7 @@
 """The runtime never hangs, leaves the user's JAX alone, and gives the same samples wherever
 the chains run (this process or worker processes)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def test_worker_processes_give_the_samples_of_one_process(problem, name):
 
 
 CACHED = """
-import os, sys, numpy as np, fedmcmc
+import json, os, numpy as np, fedmcmc
 from fedmcmc.runtime.cpu import one_thread_xla
 one_thread_xla()
 from catalog import breast_cancer, samplers
@@ -107,8 +108,9 @@ kwargs = dict(num_chains=4, burn_in=2, thinning=2)  # two blocks of 2 chains
 here = fedmcmc.simulate(3, sampler, d, np.zeros(model.dim), 4, workers=1, **kwargs)
 before = set(os.listdir(folder))
 spread = fedmcmc.simulate(3, sampler, d, np.zeros(model.dim), 4, workers=2, **kwargs)
-programs = [name for name in set(os.listdir(folder)) - before if name.startswith(("jit_chain_init", "jit_run_chunk"))]
-print(sum(name.startswith("jit_run_chunk") for name in before), programs, np.array_equal(here.samples, spread.samples))
+added = [name for name in set(os.listdir(folder)) - before if name.startswith(("jit_chain_init", "jit_run_chunk"))]
+print(json.dumps({"cached_chunks": sum(name.startswith("jit_run_chunk") for name in before), "added": added,
+                  "same": bool(np.array_equal(here.samples, spread.samples))}))
 """
 
 
@@ -117,11 +119,12 @@ def test_workers_load_the_programs_their_parent_compiled(tmp_path):
     process that started them compiled (init and chunk, for the same blocks of chains): they keep
     its ``XLA_FLAGS``, which are part of the cache's key (they used to add flags of their own, and
     compiled every program again)."""
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", CACHED], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr
-    chunks, added, same = out.stdout.split(maxsplit=1)[0], *out.stdout.split(maxsplit=1)[1].rsplit(maxsplit=1)
-    assert int(chunks) > 0 and added == "[]" and same == "True", out.stdout
+    found = json.loads(out.stdout.splitlines()[-1])
+    assert found["cached_chunks"] > 0 and found["added"] == [] and found["same"], found
 
 
 def test_a_run_resumes_with_another_number_of_workers(problem, tmp_path, monkeypatch):

@@ -6,13 +6,13 @@ that pool and block the calling thread until the pieces are done; when every poo
 such a caller (two devices' programs each in a LAPACK call, on two cores), nothing is left to
 run the pieces and the process waits forever (docs/design.md, "Chains over cores"). A worker
 process has one XLA device (``jax_num_cpu_devices``), running one program at a time, so that
-wait cannot arise, and each worker is pinned to its own core. It keeps the parent's
-``XLA_FLAGS`` as they are: they are part of the key of JAX's compilation cache, so a worker
-loads from the cache the programs the parent compiled, and the parent those of the workers. It starts XLA with as many
+wait cannot arise, and each worker is pinned to its own core. It starts XLA with as many
 intra-op threads as the parent has, so that it compiles the parent's programs, hence gives the
 parent's draws bit for bit: one if the parent started XLA on one thread
 (:func:`fedmcmc.runtime.cpu.one_thread_xla`, as fedmcmc's own processes do), else as many as the
-parent's cores.
+parent's cores. It keeps the parent's ``XLA_FLAGS`` as they are: they are part of the key of
+JAX's compilation cache, so a worker loads from the cache the programs the parent compiled, and
+the parent those of the workers.
 
 The protocol is a strict request and reply over the worker's stdin and stdout: frames of
 an 8-byte length and a pickle. A request is ``(method, args)``; the reply is ``("ok", value)``
