@@ -103,6 +103,31 @@ def test_run_writes_inference_data_json_and_plots(tmp_path):
     assert (tmp_path / "out" / "trace.png").stat().st_size > 1000
 
 
+def test_run_keeps_its_compiled_programs_in_the_users_cache_folder(tmp_path):
+    """With no compilation cache set for JAX, the command line keeps its programs in the user's
+    cache folder (``FEDMCMC_CACHE``, then ``xla/``), bounded in size: the same run again, into
+    another output folder, loads its chunk programs from there and gives the same samples."""
+    cfg = write_config(tmp_path / "c.toml", iterations=200, burn_in=100, chunk=100)
+    env = {**{k: v for k, v in ENV.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))},
+           "FEDMCMC_CACHE": str(tmp_path / "cache"), "JAX_LOG_COMPILES": "1"}
+    logs = []
+    for out in ("a", "b"):
+        proc = subprocess.run([sys.executable, "-m", "fedmcmc", "run", str(cfg), "--out", str(tmp_path / out),
+                               "--no-progress"], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        logs.append(proc.stderr)
+    assert any(p.name.startswith("jit_run_chunk") for p in (tmp_path / "cache" / "xla").iterdir())
+    # JAX logs every chunk program it gets ("Finished XLA compilation"), and a hit before those it loads
+    got = [log.count("Finished XLA compilation of jit(run_chunk)") for log in logs]
+    hits = [log.count("Persistent compilation cache hit for 'jit_run_chunk'") for log in logs]
+    assert hits[0] < got[0]  # the first run compiled its chunk program (its workers then load it)
+    assert 0 < hits[1] == got[1]  # the second run loads every one
+    import arviz
+
+    a, b = (arviz.from_netcdf(tmp_path / out / "posterior.nc").posterior["theta"].values for out in "ab")
+    np.testing.assert_array_equal(a, b)
+
+
 def test_killed_run_resumes_to_the_same_samples(tmp_path):
     import arviz
 

@@ -172,9 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("flower", "node-worker"):  # one JAX per node process: on a GPU each would take most of its memory
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.command != "list":  # XLA on one intra-op thread, as in every fedmcmc process (fedmcmc.runtime.cpu)
+        from fedmcmc.core.cache import keep_compiled_programs
         from fedmcmc.runtime.cpu import one_thread_xla
 
         one_thread_xla()
+        keep_compiled_programs()  # in the user's cache folder, unless JAX has one
     from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.runtime.workers import WorkerError
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.core.base import Model
+from fedmcmc.core.cache import user_cache
 from fedmcmc.data.federated import FederatedData
 
 
@@ -53,9 +54,8 @@ class ReferenceSamples(NamedTuple):
 
 
 def cache_dir() -> Path:
-    """``$FEDMCMC_CACHE/reference``, or ``~/.cache/fedmcmc/reference``."""
-    root = os.environ.get("FEDMCMC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "fedmcmc")
-    return Path(root) / "reference"
+    """``reference/`` of :func:`fedmcmc.core.cache.user_cache`."""
+    return user_cache() / "reference"
 
 
 def log_posterior(model: Model, data: FederatedData):

@@ -115,7 +115,9 @@ def _cache_env() -> dict:
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return {}
     if jax.config.jax_compilation_cache_dir:
-        return {"JAX_COMPILATION_CACHE_DIR": str(jax.config.jax_compilation_cache_dir)}
+        names = ("jax_compilation_cache_dir", "jax_compilation_cache_max_size",
+                 "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
+        return {name.upper(): str(getattr(jax.config, name)) for name in names}
     _CACHE.append(tempfile.mkdtemp(prefix="fedmcmc-workers-xla-"))
     return {"JAX_COMPILATION_CACHE_DIR": _CACHE[-1], "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}

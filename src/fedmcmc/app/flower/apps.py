@@ -201,9 +201,11 @@ def _faults(node_config) -> dict:
 def cache_dir(node_config) -> Path:
     """Where a node keeps what outlives a run, the client's compiled programs (``programs/``,
     :mod:`fedmcmc.runtime.flower.programs`): its node config's ``cache-dir``, else the user's cache
-    folder (``$XDG_CACHE_HOME``, default ``~/.cache``, then ``fedmcmc``); not a run's output folder."""
+    folder (:func:`fedmcmc.core.cache.user_cache`); not a run's output folder."""
+    from fedmcmc.core.cache import user_cache  # imports JAX (fedmcmc.core): a relaying ClientApp never calls this
+
     given = str(node_config.get("cache-dir", "")) or None
-    return Path(given or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedmcmc")
+    return Path(given) if given else user_cache()
 
 
 def make_client_app(mods=()) -> ClientApp:
