@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         from fedmcmc.runtime.cpu import one_thread_xla
 
         one_thread_xla()
-        keep_compiled_programs()  # in the user's cache folder, unless JAX has one
+        if args.command != "node-worker":  # a node keeps its client programs in programs/ (app/flower/apps.py)
+            keep_compiled_programs()  # in the user's cache folder, unless JAX has one
     from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.runtime.workers import WorkerError
 

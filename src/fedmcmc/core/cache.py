@@ -36,7 +36,7 @@ def keep_compiled_programs(max_bytes: int = PROGRAM_CACHE_BYTES) -> Path | None:
     """
     import jax
 
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+    if jax.config.jax_compilation_cache_dir:  # set in jax.config, or by JAX_COMPILATION_CACHE_DIR
         return None
     folder = user_cache() / "xla"
     try:

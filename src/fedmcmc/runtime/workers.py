@@ -107,13 +107,12 @@ _CACHE: list[str] = []  # the pool's own compilation cache folder, if it has one
 
 
 def _cache_env() -> dict:
-    """The workers' shared XLA compilation cache, as environment variables: the user's (set by
-    ``JAX_COMPILATION_CACHE_DIR`` or in ``jax.config``, with the user's thresholds), or else a
-    folder of the pool's own, removed with the pool, that keeps every program (:func:`start`)."""
+    """The workers' shared XLA compilation cache, as environment variables: this process's (its
+    ``jax.config``, which ``JAX_COMPILATION_CACHE_DIR`` and the like set too: folder, size bound
+    and thresholds), or else a folder of the pool's own, removed with the pool, that keeps every
+    program (:func:`start`)."""
     import jax
 
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return {}
     if jax.config.jax_compilation_cache_dir:
         names = ("jax_compilation_cache_dir", "jax_compilation_cache_max_size",
                  "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
