@@ -485,7 +485,8 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
     themselves, and the run gives the simulator's samples on the sites' files bit for bit, while
     a connection that never sends a request is open; a worker's error reaches the ClientApp as its
     own; with no worker in the folder, or a stopped one, the ClientApp answers by itself and says
-    why; SIGTERM stops the worker and removes its socket; a folder too long for a Unix socket is
+    why; SIGTERM stops the worker and removes its socket, also while it still imports the
+    samplers; a folder too long for a Unix socket is
     refused with the fix."""
     from fedmcmc.app.flower import apps, worker
     from fedmcmc.app.flower.launch import data_paths
@@ -537,5 +538,17 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
         proc.terminate()
         assert proc.wait(timeout=60) == 0
     assert not (folder / worker.SOCKET).exists()
+    # stopped as soon as its key is written, while it still imports the samplers: it exits cleanly too
+    early_folder = tmp_path / "early"
+    early = subprocess.Popen([sys.executable, "-m", "fedmcmc", "node-worker", str(early_folder), "--idle", "600"])
+    try:
+        for _ in range(6000):
+            if (early_folder / worker.KEY).exists():
+                break
+            time.sleep(0.01)
+    finally:
+        early.terminate()
+        assert early.wait(timeout=60) == 0
+    assert not (early_folder / worker.SOCKET).exists()
     with pytest.raises(ValueError, match="over the 107 a Unix socket's path may have: choose a shorter folder"):
         worker.serve(tmp_path / ("x" * 120))

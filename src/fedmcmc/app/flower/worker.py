@@ -71,6 +71,9 @@ def serve(folder, idle: float = 3600.0) -> None:
     from fedmcmc.app.flower import apps
 
     key = secrets.token_bytes(32)
+    # before the socket exists: a SIGTERM at any time after removes it (the samplers' import below
+    # takes seconds, in which a launcher that saw the key may already stop the node)
+    signal.signal(signal.SIGTERM, lambda *_: (address.unlink(missing_ok=True), os._exit(0)))
     address.unlink(missing_ok=True)
     # no authkey here: the challenge is run per connection, in its own thread, so a process that
     # connects and then stays silent holds up only that thread, never the next ClientApp
@@ -109,7 +112,6 @@ def serve(folder, idle: float = 3600.0) -> None:
                     last[0] = time.monotonic()
 
         threading.Thread(target=watch, daemon=True).start()
-        signal.signal(signal.SIGTERM, lambda *_: (address.unlink(missing_ok=True), os._exit(0)))
         while True:
             try:
                 conn = listener.accept()
