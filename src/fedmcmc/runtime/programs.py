@@ -87,7 +87,7 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
             setup_up, setup_down = cinfo.bits.astype(jnp.int32), jnp.asarray(sinfo.broadcast_bits, jnp.int32)
         return _Carry(server_state, broadcast, client_states), (setup_up, setup_down)
 
-    def chain_round(chain_key, carry: _Carry, k):
+    def chain_clients(chain_key, carry: _Carry, k):
         mask = rnd.participation(sampler, chain_key, k, b)
         if max_active is None:
             client_states, uploads, cinfo = rnd.client_round(sampler, chain_key, k, carry.client_states,
@@ -95,13 +95,21 @@ def _compile(sampler: FederatedSampler, data: FederatedData, statistic: Callable
         else:
             client_states, uploads, cinfo = rnd.active_clients_round(sampler, chain_key, k, carry.client_states,
                                                                      carry.broadcast, clients, ids, mask, max_active)
+        return client_states, uploads, cinfo, mask
+
+    def chain_server(chain_key, carry: _Carry, k, client_states, uploads, cinfo, mask):
         server_state, broadcast, sinfo = rnd.server_round(sampler, chain_key, k, carry.server_state, uploads, mask, b)
         n_active = jnp.sum(mask.astype(jnp.int32))
         bits_up = jnp.sum(jnp.where(mask, cinfo.bits, 0).astype(jnp.int32))
         bits_down = n_active * sinfo.broadcast_bits
         return _Carry(server_state, broadcast, client_states), (bits_up, bits_down, n_active)
 
-    rounds = jax.vmap(chain_round, (0, 0, None))
+    def rounds(chain_keys, carry, k):
+        # the uploads leave the clients client-major, [b, chains, ...]: the server's weighted sum
+        # over clients (a dot) reads them as they are, where chain-major uploads took a transposing
+        # copy (a tenth of a toy round; same values, same bits)
+        client_states, uploads, cinfo, mask = jax.vmap(chain_clients, (0, 0, None), (0, 1, 0, 0))(chain_keys, carry, k)
+        return jax.vmap(chain_server, (0, 0, None, 0, 1, 0, 0))(chain_keys, carry, k, client_states, uploads, cinfo, mask)
 
     def run_chunk(chain_keys, carry, k0, num_draws: int, thinning: int):
         num_chains = chain_keys.shape[0]
