@@ -88,7 +88,7 @@ def test_subset_indices_are_uniform_subsets():
     assert chi2 < 14 + 5 * np.sqrt(2 * 14)  # 14 degrees of freedom, 5 sd
 
 
-@pytest.mark.parametrize("count, n, k", [(30, 10, 12), (2042, 40, 40), (50, 50, 50)])
+@pytest.mark.parametrize("count, n, k", [(30, 10, 12), (2042, 40, 40), (50, 50, 50), (2042, 200, 200)])
 def test_subset_indices_equal_sequential_floyd(count, n, k):
     """Both vectorised paths (bitmask for k <= 24, fixed point above) give Floyd's output."""
     import jax

@@ -11,6 +11,8 @@ batch of ``k`` rows out of ``n_max``; then by the ``k`` largest of ``n_max`` uni
 (``lax.top_k``). Floyd's collision work grows as ``k^2``, top-k's as ``n_max``; measured on CPU
 (30 draws at once), Floyd is 2-4 times cheaper up to ``k^2 / n_max`` = 27 (194 of 2,042 points:
 2.5 times), the two are even at 60, and top-k is 3.7 times cheaper at 167 (1,000 of 6,000).
+(Measured before Floyd's iterations for ``k > 24`` became ``O(k)``, 2026-11-27; the break-even
+``TOP_K_RATIO`` has not been measured again since, and can only have moved up.)
 """
 
 from __future__ import annotations
@@ -147,7 +149,10 @@ def subset_indices(key, count, n, k: int):
     fuses into one kernel for ``k <= 24`` (bitmasks in a uint32). For larger ``k`` the same
     rule is solved as a fixed point, all ``t`` at once: iterating from "no collision" fixes
     step ``m`` after ``m`` iterations and stops at the unique fixed point, Floyd's output,
-    usually within a few iterations.
+    usually within a few iterations. The ``O(k^2)`` comparison is made once, into each step's
+    latest earlier step with the same ``r``; an iteration then follows those lists in ``O(k)``
+    (values at ``t`` depend only on values before ``t``, so the joint fixed point is reached as
+    above, and at it the lists give the comparison's answer).
     """
     u = jax.random.uniform(key, (k,))
     t = jnp.arange(k, dtype=jnp.int32)
@@ -169,13 +174,19 @@ def subset_indices(key, count, n, k: int):
             hits = hits | jnp.left_shift(hit.astype(jnp.uint32), jnp.uint32(s))
         collided = (jnp.right_shift(hits, t.astype(jnp.uint32)) & 1) == 1
     else:
-        def step(state):
-            collided, _ = state
-            new = jnp.any(same_r & ~collided[None, :], axis=1) | (hits_j & collided[jnp.clip(s_of_r, 0, k - 1)])
-            return new, jnp.any(new != collided)
+        # the steps s < t with r_s = r_t, as a list through prev[t] = the latest of them (-1: none):
+        # "some s < t has r_s = r_t and no collision" is free[t] = ~collided[prev] | free[prev]
+        prev = jnp.max(jnp.where(same_r, t[None, :], -1), axis=1)
+        p, has, q = jnp.maximum(prev, 0), prev >= 0, jnp.clip(s_of_r, 0, k - 1)
 
-        collided, _ = jax.lax.while_loop(lambda state: state[1], step,
-                                         (jnp.zeros((k,), bool), jnp.asarray(True)))
+        def step(state):
+            collided, free, _ = state
+            free_new = has & (~collided[p] | free[p])
+            new = free_new | (hits_j & collided[q])
+            return new, free_new, jnp.any(new != collided) | jnp.any(free_new != free)
+
+        none = jnp.zeros((k,), bool)
+        collided, _, _ = jax.lax.while_loop(lambda state: state[2], step, (none, none, jnp.asarray(True)))
     return materialize(jnp.where(t < n, jnp.where(collided, j, r), 0))
 
 
