@@ -546,6 +546,7 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
             if (early_folder / worker.KEY).exists():
                 break
             time.sleep(0.01)
+        assert (early_folder / worker.KEY).exists(), "the node worker wrote no key in 60 s"
     finally:
         early.terminate()
         assert early.wait(timeout=60) == 0
