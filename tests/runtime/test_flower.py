@@ -478,6 +478,16 @@ def test_a_clientapp_that_relays_to_a_worker_imports_no_jax():
     assert out.stdout.split() == ["True", "120.0", "True"]
 
 
+def wait_for_key(folder, seconds: float = 60.0) -> None:
+    """Return once the node worker in ``folder`` has written its key (it is listening then)."""
+    from fedmcmc.app.flower.worker import KEY
+
+    deadline = time.monotonic() + seconds
+    while not (folder / KEY).exists():
+        assert time.monotonic() < deadline, f"the node worker in {folder} wrote no key in {seconds:.0f} s"
+        time.sleep(0.01)
+
+
 def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path, server_identity, monkeypatch,
                                                                          caplog):
     """Three nodes whose node config names one node worker (``worker``, a ``fedmcmc node-worker``
@@ -486,8 +496,7 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
     a connection that never sends a request is open; a worker's error reaches the ClientApp as its
     own; with no worker in the folder, or a stopped one, the ClientApp answers by itself and says
     why; SIGTERM stops the worker and removes its socket, also while it still imports the
-    samplers; a folder too long for a Unix socket is
-    refused with the fix."""
+    samplers; a folder too long for a Unix socket is refused with the fix."""
     from fedmcmc.app.flower import apps, worker
     from fedmcmc.app.flower.launch import data_paths
 
@@ -501,10 +510,7 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
         paths = {i: {**p, "worker": str(folder)} for i, p in data_paths(text, tmp_path).items()}
         answer = apps.answer
         monkeypatch.setattr(apps, "answer", lambda *a: pytest.fail("a ClientApp answered by itself"))
-        for _ in range(600):  # the worker is listening once its key is written
-            if (folder / worker.KEY).exists():
-                break
-            time.sleep(0.1)
+        wait_for_key(folder)
         silent = socket.socket(socket.AF_UNIX)  # connects and never speaks: it must hold up no ClientApp
         silent.connect(str(folder / worker.SOCKET))
         grid = InProcessGrid(apps.make_client_app(), 3, text, node_config=paths)
@@ -542,11 +548,7 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
     early_folder = tmp_path / "early"
     early = subprocess.Popen([sys.executable, "-m", "fedmcmc", "node-worker", str(early_folder), "--idle", "600"])
     try:
-        for _ in range(6000):
-            if (early_folder / worker.KEY).exists():
-                break
-            time.sleep(0.01)
-        assert (early_folder / worker.KEY).exists(), "the node worker wrote no key in 60 s"
+        wait_for_key(early_folder)
     finally:
         early.terminate()
         assert early.wait(timeout=60) == 0
