@@ -106,6 +106,43 @@ def test_subset_indices_equal_sequential_floyd(count, n, k):
         assert np.all(got[n:] == 0)
 
 
+@pytest.mark.parametrize("partitionable", [True, False])
+@pytest.mark.parametrize("sizes", [[19, 10, 4, 9, 8, 4, 16, 1, 9, 1, 4, 16], [90, 2, 25, 7, 30, 11, 3, 6, 20, 9, 14, 1]])
+def test_minibatches_by_bucket_are_each_clients_own(sizes, partitionable):
+    """Under vmap over every client, clients of other batch sizes draw in other buckets
+    (``gradients.on_minibatch``), at their bucket's width: each client's subset and weights are
+    those it draws alone at the full width (Floyd for the first sizes, top-k for the second:
+    90^2 > 60 * 100), with either threefry stream of JAX."""
+    import jax
+    import jax.numpy as jnp
+
+    from fedmcmc.core.base import CLIENT_AXES
+
+    counts = [100, 12, 40, 9, 14, 5, 25, 3, 10, 2, 14, 6]
+    data = from_clients([np.zeros((n, 1)) for n in counts])
+    rows = data.rows()
+    x = np.zeros(rows.row_client.shape + (1,), np.float32)
+    x[:, 0] = np.arange(x.shape[0])  # each row holds its own index
+    data = data._replace(x=x)
+    total = x.shape[0]
+    assert len(gradients.buckets(np.asarray(sizes), gradients.MINIBATCH_BUCKET_ROWS)) > 1
+
+    def drawn(xb, w):  # the weight of every row of the data: the subset and its weights, exactly
+        return jnp.zeros((total,), jnp.float32).at[xb[:, 0].astype(jnp.int32)].add(w)
+
+    draw = gradients.on_minibatch(np.asarray(sizes, np.int32), drawn)
+    keys = jax.random.split(jax.random.PRNGKey(5), len(counts))
+    clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
+    with jax.threefry_partitionable(partitionable):
+        together = np.asarray(jax.jit(jax.vmap(draw, (0, CLIENT_AXES)))(keys, clients))
+        alone = [np.asarray(jax.jit(draw)(keys[i], jax.tree_util.tree_map(jnp.asarray, data.client(i))))
+                 for i in range(len(counts))]
+    for i, n in enumerate(counts):
+        np.testing.assert_array_equal(together[i], alone[i])
+        assert np.count_nonzero(alone[i]) == min(sizes[i], n)
+        assert set(np.flatnonzero(alone[i])) <= set(np.flatnonzero(np.asarray(rows.row_client) == i))
+
+
 def test_ula_stationary_law_and_running_mse():
     post = GaussianPosterior(mean=np.zeros(3), var=0.01)
     ula = stationary_ula_posterior(post, 0.01)  # gamma L = 1: twice the variance

@@ -17,6 +17,9 @@ one thread, 30 draws at once; top-k's time over Floyd's): 2.61 for 100 of 2,042 
 for 600 of 6,000 (60) and 0.10 for 1,000 of 6,000 (167). Floyd's one ``[k, k]`` comparison grows
 with ``k`` itself, so ``k^2 / n_max`` alone is not the break-even for large sets; the rule is left
 as it is, since another rule would draw other subsets for the same keys.
+
+Clients of other batch sizes draw in buckets of similar sizes when they run together
+(:func:`on_minibatch`): a client draws its bucket's width of rows, not the largest client's.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import numpy as np
 
 from fedmcmc.core.xla import materialize
 from fedmcmc.core.base import ClientData, Model, Rows
-from fedmcmc.data.federated import FederatedData
+from fedmcmc.data.federated import FederatedData, buckets
 
 Oracle = Callable[[Any, Any, ClientData], Any]
 
@@ -99,6 +102,11 @@ def _client_buckets(model: Model, theta, theta_batched: bool, index, rows: Rows)
     return jax.tree_util.tree_map(lambda *g: jnp.concatenate(g)[position[index]], *grads)
 
 
+def gradient_difference(model: Model, theta, anchor, x, weights):
+    """``sum_j w_j [grad U_j(theta) - grad U_j(anchor)]`` on the same points (control variates)."""
+    return weighted_potential_grad(model, theta, x, weights) - weighted_potential_grad(model, anchor, x, weights)
+
+
 def local_gradient(model: Model, theta, client_data: ClientData):
     """The exact local gradient ``grad U_i(theta)``, reading the client's rows only.
 
@@ -136,11 +144,26 @@ def resolve_batch_sizes(batch_size) -> np.ndarray | None:
     return sizes.astype(np.int32)
 
 
-def subset_indices(key, count, n, k: int):
+def prefix_uniforms(key, k: int, stream: int | None = None):
+    """The first ``k`` of the ``stream`` (default ``k``) uniforms ``jax.random.uniform(key, (stream,))``.
+
+    With JAX's default PRNG (threefry, partitionable: every value depends on its position only)
+    they are ``jax.random.uniform(key, (k,))``, drawn as such; otherwise the stream is drawn and
+    cut, so a minibatch drawn at a bucket's width (:func:`on_minibatch`) is the one drawn at the
+    full width under any PRNG setting."""
+    if stream is None or stream == k or (jax.config.jax_threefry_partitionable
+                                         and jax.config.jax_default_prng_impl == "threefry2x32"):
+        return jax.random.uniform(key, (k,))
+    return jax.random.uniform(key, (stream,))[:k]
+
+
+def subset_indices(key, count, n, k: int, stream: int | None = None):
     """A uniformly random ``n``-subset of ``{0, ..., count - 1}`` by Floyd's algorithm.
 
     Returns ``k >= n`` indices whose first ``n`` are the subset (distinct; in no particular
-    order) and whose rest are 0. Floyd (Bentley and Floyd, CACM 1987): for
+    order) and whose rest are 0; the first ``n`` depend only on the first ``n`` uniforms of the
+    ``stream`` (default ``k``) of ``key`` (:func:`prefix_uniforms`). Floyd (Bentley and Floyd,
+    CACM 1987): for
     ``t = 0, ..., n - 1`` with ``j_t = count - n + t``, draw ``r_t`` uniform in ``{0, ..., j_t}``
     and choose ``c_t = r_t``, or ``j_t`` if ``r_t`` was already chosen. Every subset has
     probability ``1 / binom(count, n)``, from ``k`` uniforms instead of ``count`` sort keys.
@@ -158,7 +181,7 @@ def subset_indices(key, count, n, k: int):
     (values at ``t`` depend only on values before ``t``, so the joint fixed point is reached as
     above, and at it the lists give the comparison's answer).
     """
-    u = jax.random.uniform(key, (k,))
+    u = prefix_uniforms(key, k, stream)
     t = jnp.arange(k, dtype=jnp.int32)
     j = jnp.asarray(count, jnp.int32) - jnp.asarray(n, jnp.int32) + t
     r = materialize(jnp.minimum((u * (j + 1).astype(jnp.float32)).astype(jnp.int32), j))
@@ -211,23 +234,103 @@ def top_k_indices(key, count, n, k: int, n_max: int):
     return jnp.where(jnp.arange(k) < n, idx, 0)
 
 
-def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray):
+def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray, width: int | None = None):
     """Draw client ``i``'s minibatch of ``n_i = min(batch_size_i, N_i)`` points without replacement.
 
-    Returns the gathered rows (``[k, ...]`` with ``k = max(batch_sizes)``) and their weights
-    ``N_i / n_i`` (zero on the rows beyond ``n_i``), so that ``sum_j w_j grad U_ij`` is
-    unbiased for ``grad U_i``.
+    Returns the gathered rows (``[width, ...]``; default ``k = max(batch_sizes)``, at most
+    ``n_max``) and their weights ``N_i / n_i`` (zero on the rows beyond ``n_i``), so that
+    ``sum_j w_j grad U_ij`` is unbiased for ``grad U_i``. The subset does not depend on
+    ``width >= n_i``: the method (Floyd or top-k) and the uniforms are those of width ``k``.
     """
     rows, count = client_data.rows, client_data.count
     n_max = rows.n_max
     k = int(min(int(batch_sizes.max()), n_max))
+    width = k if width is None else width
     size = jnp.asarray(batch_sizes)[client_data.index] if batch_sizes.size > 1 else jnp.asarray(batch_sizes[0])
     n = jnp.minimum(size, count)
-    idx = top_k_indices(key, count, n, k, n_max) if k * k > TOP_K_RATIO * n_max else subset_indices(key, count, n, k)
-    w = jnp.where(jnp.arange(k) < n, count.astype(jnp.float32) / n.astype(jnp.float32), 0.0)
+    if k * k > TOP_K_RATIO * n_max:
+        idx = top_k_indices(key, count, n, width, n_max)
+    else:
+        idx = subset_indices(key, count, n, width, k)
+    w = jnp.where(jnp.arange(width) < n, count.astype(jnp.float32) / n.astype(jnp.float32), 0.0)
     at = materialize(client_data.start + idx)  # the same gather whether start is a constant or not
-    xb = jax.tree_util.tree_map(lambda a: a[at], rows.x)
+    xb = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[at], rows.x)
     return xb, w
+
+
+#: What one more bucket of batch sizes costs (:func:`on_minibatch`), in minibatch rows of a round:
+#: its kernels' start-up at run time is a few rows; compiling its gradients (about 0.6 s here) is
+#: paid back within about 2,000 chain-rounds (docs/benchmarks.md, "Minibatch buckets").
+MINIBATCH_BUCKET_ROWS = 4
+
+
+def on_minibatch(batch_sizes: np.ndarray, estimate: Callable):
+    """An estimate on each client's minibatch, clients grouped by batch size under ``vmap``.
+
+    Parameters
+    ----------
+    batch_sizes
+        ``[b]`` (or ``[1]``) batch sizes, as :func:`resolve_batch_sizes` gives them.
+    estimate
+        ``estimate(*args, xb, w)`` of the gathered rows and their weights (:func:`minibatch`),
+        for example :func:`weighted_potential_grad`'s ``sum_j w_j grad U_ij(theta)``.
+
+    Returns
+    -------
+    ``f(key, client_data, *args) = estimate(*args, *minibatch(key, client_data, batch_sizes))``.
+
+    Notes
+    -----
+    One client alone draws ``k = max_i batch_size_i`` rows, those beyond its ``n_i`` weighted
+    0. Clients' batch sizes may differ (QLSD's toy problem: a tenth of each client's points, 1
+    to 19), and under ``vmap`` over ``b`` entries with every client's index (the rows shared,
+    :data:`fedmcmc.core.base.CLIENT_AXES`: the simulator's round, each client once; a Flower
+    node's exact mode, ``b`` copies of its client) the clients are cut into buckets of similar
+    batch size (:func:`fedmcmc.data.federated.buckets`, ``MINIBATCH_BUCKET_ROWS`` a bucket),
+    each drawing its largest client's rows: the work of ``sum_k m_k w_k`` rows, not ``b k``
+    (docs/benchmarks.md, "Minibatch buckets"). Each client's subset and weights are the ones
+    it draws alone (a bucket's draw is a prefix of the full one, :func:`minibatch`); a sum over
+    fewer rows may round differently in the last bit. Entries with the same index must carry
+    the same inputs. Under any other ``vmap`` (some of the clients) every client draws ``k`` rows.
+    """
+    sizes = np.asarray(batch_sizes)
+    groups = buckets(sizes, MINIBATCH_BUCKET_ROWS) if sizes.size > 1 else ((0,),)
+
+    def alone(width, key, client_data, args):
+        xb, w = minibatch(key, client_data, sizes, width)
+        return estimate(*args, xb, w)
+
+    @jax.custom_batching.custom_vmap
+    def run(key, client_data, args):
+        return alone(None, key, client_data, args)
+
+    @run.def_vmap
+    def batched(axis_size, in_batched, key, client_data, args):
+        leaves, tree = jax.tree_util.tree_flatten((key, client_data, args))
+        flags = jax.tree_util.tree_leaves(in_batched)
+        axes = jax.tree_util.tree_unflatten(tree, [0 if f else None for f in flags])
+        cd_flags = in_batched[1]
+        if len(groups) == 1 or axis_size != sizes.size or any(jax.tree_util.tree_leaves(cd_flags.rows)) \
+                or not cd_flags.index:
+            return jax.vmap(partial(alone, None), axes, axis_size=axis_size)(key, client_data, args), True
+        b = axis_size
+        # the position in the batch of each client, then each bucket's clients' inputs
+        position = jnp.zeros((b,), jnp.int32).at[client_data.index].set(jnp.arange(b, dtype=jnp.int32))
+        outs = []
+        for group in groups:
+            at = position[np.asarray(group)]
+            part = jax.tree_util.tree_unflatten(tree, [x[at] if f else x for x, f in zip(leaves, flags)])
+            width = int(min(sizes[list(group)].max(), client_data.rows.n_max))
+            outs.append(jax.vmap(partial(alone, width), axes)(*part))
+        where = np.empty(b, np.int32)
+        where[np.concatenate([np.asarray(g) for g in groups])] = np.arange(b, dtype=np.int32)
+        back = jnp.asarray(where)[client_data.index]
+        return jax.tree_util.tree_map(lambda *o: jnp.concatenate(o)[back], *outs), True
+
+    def call(key, client_data, *args):
+        return run(key, client_data, args)
+
+    return call
 
 
 def minibatch_gradient(model: Model, batch_size=None) -> Oracle:
@@ -235,11 +338,12 @@ def minibatch_gradient(model: Model, batch_size=None) -> Oracle:
     gradient when ``batch_size`` is None."""
     sizes = resolve_batch_sizes(batch_size)
 
+    on_batch = None if sizes is None else on_minibatch(sizes, partial(weighted_potential_grad, model))
+
     def oracle(key, theta, client_data):
         if sizes is None:
             return local_gradient(model, theta, client_data)
-        xb, w = minibatch(key, client_data, sizes)
-        return weighted_potential_grad(model, theta, xb, w)
+        return on_batch(key, client_data, theta)
 
     return oracle
 
@@ -253,11 +357,12 @@ def control_variate_gradient(model: Model, theta_star, batch_size=None) -> Oracl
     sizes = resolve_batch_sizes(batch_size)
     theta_star = jnp.asarray(theta_star, jnp.float32)
 
+    on_batch = None if sizes is None else on_minibatch(sizes, partial(gradient_difference, model))
+
     def oracle(key, theta, client_data):
         if sizes is None:
             return local_gradient(model, theta, client_data) - local_gradient(model, theta_star, client_data)
-        xb, w = minibatch(key, client_data, sizes)
-        return weighted_potential_grad(model, theta, xb, w) - weighted_potential_grad(model, theta_star, xb, w)
+        return on_batch(key, client_data, theta, theta_star)
 
     return oracle
 

@@ -32,14 +32,15 @@ only on a stale client's active round.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedmcmc.core.base import Model
-from fedmcmc.estimators.gradients import (GradientEstimator, local_gradient, minibatch, resolve_batch_sizes,
-                                          weighted_potential_grad)
+from fedmcmc.estimators.gradients import (GradientEstimator, gradient_difference, local_gradient, on_minibatch,
+                                          resolve_batch_sizes)
 
 
 class SVRGState(NamedTuple):
@@ -74,6 +75,7 @@ def svrg(model: Model, batch_size, refresh_every: int, stale_clients: bool = Tru
     """
     sizes = resolve_batch_sizes(batch_size)
     catch_up = stale_clients and sizes is not None
+    on_batch = None if sizes is None else on_minibatch(sizes, partial(gradient_difference, model))
 
     def init(broadcast, client_data):
         zeta = broadcast.anchor  # zeta_0 = theta_0, with its exact gradient
@@ -101,10 +103,7 @@ def svrg(model: Model, batch_size, refresh_every: int, stale_clients: bool = Tru
             return local_gradient(model, theta, client_data), state
         if catch_up:
             state = refresh_if_stale(state, broadcast.anchor, client_data, anchor_round)
-        xb, w = minibatch(key, client_data, sizes)
-        grad = (weighted_potential_grad(model, theta, xb, w)
-                - weighted_potential_grad(model, state.reference, xb, w) + state.reference_grad)
-        return grad, state
+        return on_batch(key, client_data, theta, state.reference) + state.reference_grad, state
 
     return GradientEstimator(init, estimate)
 
