@@ -259,8 +259,10 @@ def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray, width: int 
 
 
 #: What one more bucket of batch sizes costs (:func:`on_minibatch`), in minibatch rows of a round:
-#: its kernels' start-up at run time is a few rows; compiling its gradients (about 0.6 s here) is
-#: paid back within about 2,000 chain-rounds (docs/benchmarks.md, "Minibatch buckets").
+#: its kernels' start-up at run time, a few rows. Compiling it costs more (about 0.7 s for QLSD* on
+#: the toy problem, where a row costs about 0.03 us a chain-round), which a run pays back after
+#: about 5 * 10^5 chain-rounds (QLSD's toy runs: 500,000 rounds a chain); shorter runs lose the
+#: difference (docs/benchmarks.md, "Minibatch buckets").
 MINIBATCH_BUCKET_ROWS = 4
 
 
