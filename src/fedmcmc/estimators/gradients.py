@@ -259,14 +259,16 @@ def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray, width: int 
 
 
 #: What one more bucket of batch sizes costs (:func:`on_minibatch`), in minibatch rows of a round:
-#: its kernels' start-up at run time, a few rows. Compiling it costs more (about 0.7 s for QLSD* on
-#: the toy problem, where a row costs about 0.03 us a chain-round), which a run pays back after
-#: about 5 * 10^5 chain-rounds (QLSD's toy runs: 500,000 rounds a chain); shorter runs lose the
-#: difference (docs/benchmarks.md, "Minibatch buckets").
+#: its kernels' start-up at run time, a few rows, plus its compilation amortised over 10^6
+#: chain-rounds (30 chains of 33,000 rounds; QLSD's toy runs are 500,000 rounds a chain):
+#: ``MINIBATCH_COMPILE_ROWS / d``. Measured on the toy problem (QLSD*, d = 50): a bucket took
+#: about 1.1 CPU-s to compile, and a minibatch row about 1.2 ns of CPU a dimension and
+#: chain-round (docs/benchmarks.md, "Minibatch buckets").
 MINIBATCH_BUCKET_ROWS = 4
+MINIBATCH_COMPILE_ROWS = 900
 
 
-def on_minibatch(batch_sizes: np.ndarray, estimate: Callable):
+def on_minibatch(batch_sizes: np.ndarray, estimate: Callable, dim: int):
     """An estimate on each client's minibatch, clients grouped by batch size under ``vmap``.
 
     Parameters
@@ -276,6 +278,8 @@ def on_minibatch(batch_sizes: np.ndarray, estimate: Callable):
     estimate
         ``estimate(*args, xb, w)`` of the gathered rows and their weights (:func:`minibatch`),
         for example :func:`weighted_potential_grad`'s ``sum_j w_j grad U_ij(theta)``.
+    dim
+        The model's dimension ``d``: a row costs about ``d`` (``MINIBATCH_COMPILE_ROWS``).
 
     Returns
     -------
@@ -288,7 +292,8 @@ def on_minibatch(batch_sizes: np.ndarray, estimate: Callable):
     to 19), and under ``vmap`` over ``b`` entries with every client's index (the rows shared,
     :data:`fedmcmc.core.base.CLIENT_AXES`: the simulator's round, each client once; a Flower
     node's exact mode, ``b`` copies of its client) the clients are cut into buckets of similar
-    batch size (:func:`fedmcmc.data.federated.buckets`, ``MINIBATCH_BUCKET_ROWS`` a bucket),
+    batch size (:func:`fedmcmc.data.federated.buckets`, ``MINIBATCH_BUCKET_ROWS +
+    MINIBATCH_COMPILE_ROWS / d`` rows a bucket),
     each drawing its largest client's rows: the work of ``sum_k m_k w_k`` rows, not ``b k``
     (docs/benchmarks.md, "Minibatch buckets"). Each client's subset and weights are the ones
     it draws alone (a bucket's draw is a prefix of the full one, :func:`minibatch`); a sum over
@@ -296,7 +301,8 @@ def on_minibatch(batch_sizes: np.ndarray, estimate: Callable):
     the same inputs. Under any other ``vmap`` (some of the clients) every client draws ``k`` rows.
     """
     sizes = np.asarray(batch_sizes)
-    groups = buckets(sizes, MINIBATCH_BUCKET_ROWS) if sizes.size > 1 else ((0,),)
+    cost = MINIBATCH_BUCKET_ROWS + MINIBATCH_COMPILE_ROWS / dim
+    groups = buckets(sizes, cost) if sizes.size > 1 else ((0,),)
 
     def alone(width, key, client_data, args):
         xb, w = minibatch(key, client_data, sizes, width)
@@ -340,7 +346,7 @@ def minibatch_gradient(model: Model, batch_size=None) -> Oracle:
     gradient when ``batch_size`` is None."""
     sizes = resolve_batch_sizes(batch_size)
 
-    on_batch = None if sizes is None else on_minibatch(sizes, partial(weighted_potential_grad, model))
+    on_batch = None if sizes is None else on_minibatch(sizes, partial(weighted_potential_grad, model), model.dim)
 
     def oracle(key, theta, client_data):
         if sizes is None:
@@ -359,7 +365,7 @@ def control_variate_gradient(model: Model, theta_star, batch_size=None) -> Oracl
     sizes = resolve_batch_sizes(batch_size)
     theta_star = jnp.asarray(theta_star, jnp.float32)
 
-    on_batch = None if sizes is None else on_minibatch(sizes, partial(gradient_difference, model))
+    on_batch = None if sizes is None else on_minibatch(sizes, partial(gradient_difference, model), model.dim)
 
     def oracle(key, theta, client_data):
         if sizes is None:

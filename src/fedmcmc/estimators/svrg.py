@@ -75,7 +75,7 @@ def svrg(model: Model, batch_size, refresh_every: int, stale_clients: bool = Tru
     """
     sizes = resolve_batch_sizes(batch_size)
     catch_up = stale_clients and sizes is not None
-    on_batch = None if sizes is None else on_minibatch(sizes, partial(gradient_difference, model))
+    on_batch = None if sizes is None else on_minibatch(sizes, partial(gradient_difference, model), model.dim)
 
     def init(broadcast, client_data):
         zeta = broadcast.anchor  # zeta_0 = theta_0, with its exact gradient
