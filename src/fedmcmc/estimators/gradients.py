@@ -293,9 +293,8 @@ def on_minibatch(batch_sizes: np.ndarray, estimate: Callable, dim: int):
     :data:`fedmcmc.core.base.CLIENT_AXES`: the simulator's round, each client once; a Flower
     node's exact mode, ``b`` copies of its client) the clients are cut into buckets of similar
     batch size (:func:`fedmcmc.data.federated.buckets`, ``MINIBATCH_BUCKET_ROWS +
-    MINIBATCH_COMPILE_ROWS / d`` rows a bucket),
-    each drawing its largest client's rows: the work of ``sum_k m_k w_k`` rows, not ``b k``
-    (docs/benchmarks.md, "Minibatch buckets"). Each client's subset and weights are the ones
+    MINIBATCH_COMPILE_ROWS / d`` rows a bucket), each drawing its largest client's rows: the
+    work of ``sum_k m_k w_k`` rows, not ``b k`` (docs/benchmarks.md, "Minibatch buckets"). Each client's subset and weights are the ones
     it draws alone (a bucket's draw is a prefix of the full one, :func:`minibatch`); a sum over
     fewer rows may round differently in the last bit. Entries with the same index must carry
     the same inputs. Under any other ``vmap`` (some of the clients) every client draws ``k`` rows.

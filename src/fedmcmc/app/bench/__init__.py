@@ -2,7 +2,8 @@
 
 (a) ``speedup_vs_numpy``: chain-iterations per second of our QLSD* on the toy problem
     (30 chains, 4-bit quantisation, minibatches of N_i / 10) over those of a straightforward
-    NumPy QLSD* that loops over clients every iteration (:mod:`fedmcmc.app.bench.numpy_reference`).
+    NumPy QLSD* that loops over clients every iteration (:mod:`fedmcmc.app.bench.numpy_reference`);
+    the two timed in turn, each rate its best of three runs.
 (b) ``federation_overhead``: seconds per iteration of our QLSD (identity compression, full
     participation, 20 clients) over our centralised SGLD with the same total minibatch.
 (c) ``fa_hmc_overhead``: per-datum gradient evaluations per second of FA-HMC (20 clients,
