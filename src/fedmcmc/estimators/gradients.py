@@ -98,8 +98,15 @@ def _client_buckets(model: Model, theta, theta_batched: bool, index, rows: Rows)
         else:
             grads.append(jax.vmap(partial(weighted_potential_grad, model, theta))(xs, w))
         row, first = row + m * width, first + m
+    return _in_batch_order(grads, order, index)
+
+
+def _in_batch_order(parts, order, index):
+    """Per-client outputs computed bucket by bucket (``parts``, their clients in ``order``), in
+    the order of the batch's client indices ``index``."""
+    b = order.shape[0]
     position = jnp.zeros((b,), jnp.int32).at[order].set(jnp.arange(b, dtype=jnp.int32))
-    return jax.tree_util.tree_map(lambda *g: jnp.concatenate(g)[position[index]], *grads)
+    return jax.tree_util.tree_map(lambda *g: jnp.concatenate(g)[position[index]], *parts)
 
 
 def gradient_difference(model: Model, theta, anchor, x, weights):
@@ -329,10 +336,8 @@ def on_minibatch(batch_sizes: np.ndarray, estimate: Callable, dim: int):
             part = jax.tree_util.tree_unflatten(tree, [x[at] if f else x for x, f in zip(leaves, flags)])
             width = int(min(sizes[list(group)].max(), client_data.rows.n_max))
             outs.append(jax.vmap(partial(alone, width), axes)(*part))
-        where = np.empty(b, np.int32)
-        where[np.concatenate([np.asarray(g) for g in groups])] = np.arange(b, dtype=np.int32)
-        back = jnp.asarray(where)[client_data.index]
-        return jax.tree_util.tree_map(lambda *o: jnp.concatenate(o)[back], *outs), True
+        order = jnp.asarray(np.concatenate([np.asarray(g) for g in groups]), jnp.int32)
+        return _in_batch_order(outs, order, client_data.index), True
 
     def call(key, client_data, *args):
         return run(key, client_data, args)
