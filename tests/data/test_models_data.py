@@ -125,12 +125,13 @@ def test_minibatches_by_bucket_are_each_clients_own(sizes, partitionable):
     x[:, 0] = np.arange(x.shape[0])  # each row holds its own index
     data = data._replace(x=x)
     total = x.shape[0]
-    assert len(gradients.buckets(np.asarray(sizes), gradients.MINIBATCH_BUCKET_ROWS)) > 2
+    dim = 10**6  # compiling a bucket then costs next to nothing: many buckets
+    assert len(gradients.minibatch_buckets(np.asarray(sizes), dim)) > 2
 
     def drawn(xb, w):  # the weight of every row of the data: the subset and its weights, exactly
         return jnp.zeros((total,), jnp.float32).at[xb[:, 0].astype(jnp.int32)].add(w)
 
-    draw = gradients.on_minibatch(np.asarray(sizes, np.int32), drawn, dim=10**6)  # compiling costs nothing: many buckets
+    draw = gradients.on_minibatch(np.asarray(sizes, np.int32), drawn, dim)
     keys = jax.random.split(jax.random.PRNGKey(5), len(counts))
     clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
     with jax.threefry_partitionable(partitionable):

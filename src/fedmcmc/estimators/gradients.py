@@ -275,6 +275,16 @@ MINIBATCH_BUCKET_ROWS = 4
 MINIBATCH_COMPILE_ROWS = 900
 
 
+def minibatch_buckets(batch_sizes: np.ndarray, dim: int) -> tuple:
+    """The clients' buckets of batch size for a model of dimension ``dim`` (:func:`on_minibatch`):
+    :func:`fedmcmc.data.federated.buckets` of the sizes at ``MINIBATCH_BUCKET_ROWS +
+    MINIBATCH_COMPILE_ROWS / dim`` rows a bucket; one bucket for a single size."""
+    sizes = np.asarray(batch_sizes)
+    if sizes.size == 1:
+        return ((0,),)
+    return buckets(sizes, MINIBATCH_BUCKET_ROWS + MINIBATCH_COMPILE_ROWS / dim)
+
+
 def on_minibatch(batch_sizes: np.ndarray, estimate: Callable, dim: int):
     """An estimate on each client's minibatch, clients grouped by batch size under ``vmap``.
 
@@ -299,16 +309,14 @@ def on_minibatch(batch_sizes: np.ndarray, estimate: Callable, dim: int):
     to 19), and under ``vmap`` over ``b`` entries with every client's index (the rows shared,
     :data:`fedmcmc.core.base.CLIENT_AXES`: the simulator's round, each client once; a Flower
     node's exact mode, ``b`` copies of its client) the clients are cut into buckets of similar
-    batch size (:func:`fedmcmc.data.federated.buckets`, ``MINIBATCH_BUCKET_ROWS +
-    MINIBATCH_COMPILE_ROWS / d`` rows a bucket), each drawing its largest client's rows: the
+    batch size (:func:`minibatch_buckets`), each drawing its largest client's rows: the
     work of ``sum_k m_k w_k`` rows, not ``b k`` (docs/benchmarks.md, "Minibatch buckets"). Each client's subset and weights are the ones
     it draws alone (a bucket's draw is a prefix of the full one, :func:`minibatch`); a sum over
     fewer rows may round differently in the last bit. Entries with the same index must carry
     the same inputs. Under any other ``vmap`` (some of the clients) every client draws ``k`` rows.
     """
     sizes = np.asarray(batch_sizes)
-    cost = MINIBATCH_BUCKET_ROWS + MINIBATCH_COMPILE_ROWS / dim
-    groups = buckets(sizes, cost) if sizes.size > 1 else ((0,),)
+    groups = minibatch_buckets(sizes, dim)
 
     def alone(width, key, client_data, args):
         xb, w = minibatch(key, client_data, sizes, width)
