@@ -116,7 +116,7 @@ def test_auto_steps_give_the_nuts_widest_and_narrowest_sds_on_breast_cancer(tmp_
     }
     for name, (args, rounds) in settings.items():
         args = dict(args, model=model)
-        value, record = step.auto_step(0, name, args, model, data, mode)
+        value, record, _ = step.auto_step(0, name, args, model, data, mode)
         res = simulate(0, REGISTRY[name].build(**args, step_size=value), data, np.asarray(mode.theta), rounds,
                        num_chains=16, burn_in=2_000)
         x = res.samples - res.samples.mean(axis=(0, 1))

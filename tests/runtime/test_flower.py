@@ -68,10 +68,12 @@ num_iterations = 4
 
 
 def reference(text, base_dir=None):
+    """The simulator's run of ``text``, from the starting points a Flower server gives it: those of
+    ``[run] init`` on a ``[problem]``, zeros on node-local ``[data]`` (no mode found there)."""
     cfg = tomllib.loads(text)
-    built = config.build(cfg, base_dir)
+    built = config.with_start(cfg, config.build(cfg, base_dir), data_known="data" not in cfg)
     r = cfg["run"]
-    return simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim),
+    return simulate(r.get("seed", 0), built.sampler, built.data, built.start,
                     r["num_iterations"], num_chains=r["num_chains"], burn_in=r.get("burn_in", 0),
                     thinning=r.get("thinning", 1))
 

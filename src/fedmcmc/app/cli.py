@@ -2,7 +2,9 @@
 example NAME DIR | flower sim|deploy CONFIG.toml | node-worker FOLDER | bench``.
 
 Bad input ends with one line on stderr that names the problem and the fix, and exit code 2;
-a run that diverges ends with exit code 3 and says which step size to lower.
+a run that diverges ends with exit code 3 and says which step size to lower; a run whose draws
+fail the posterior check (:mod:`fedmcmc.app.posterior`) writes its outputs, marked, says why
+on stderr and ends with exit code 4.
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def _main(args) -> int:
         out = args.out or Path("results") / args.config.stem
         payload = config.run(args.config, out, resume=args.resume, progress=not args.no_progress)
         print(f"wrote {out}/results.json and {out}/posterior.nc; {_accuracy(payload)}")
-        return 0
+        return _verdict(payload)
     if args.command == "predict":
         from fedmcmc.app.predict import predict
 
@@ -144,7 +146,7 @@ def _main(args) -> int:
         rounds = payload.get("flower")  # not written under [privacy] release = "draws"
         print(f"wrote {out}/results.json and {out}/posterior.nc ({args.engine} engine"
               + (f", {rounds['median_round_seconds']:.2f} s per round" if rounds else "") + f"); {_accuracy(payload)}")
-        return 0
+        return _verdict(payload)
     if args.command == "node-worker":
         import logging
 
@@ -199,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("fedmcmc: interrupted; rerun with --resume to continue from the last chunk\n")
         return 130
+
+
+def _verdict(payload: dict) -> int:
+    """4 when the posterior check failed (its warning is already printed), else 0."""
+    return 4 if payload.get("posterior_check", {}).get("passed") is False else 0
 
 
 def _accuracy(payload: dict) -> str:

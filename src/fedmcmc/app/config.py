@@ -34,6 +34,7 @@ the mode of QLSD*) or makes from other keys (``compression`` is the ``compressor
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -50,7 +51,8 @@ from fedmcmc.runtime.flower import settings
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 
-_RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices"}
+_RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices", "init",
+        "posterior_check"}
 #: Optional sections: the Flower runtime's (docs/flower.md; ignored by ``fedmcmc run``), privacy (app/privacy.py).
 _OPTIONAL = {"flower": set(settings.DEFAULTS), "privacy": privacy.KEYS}
 
@@ -68,7 +70,8 @@ class Built(NamedTuple):
         The clients' training data (pooled into one client for a pooled sampler), the model
         (``[problem]``'s, or ``[model]`` built for the data), a ``[problem]``'s exact posterior (or None).
     sampler, mode
-        The registered sampler built from ``[sampler]``; the federated mode QLSD* uses, else None.
+        The registered sampler built from ``[sampler]``; the federated mode the run found (for
+        QLSD*'s control variates or for ``step_size = "auto"``), else None.
     tests, inputs
         Each client's held-out ``(x, y)``, or None (a ``[problem]``, or ``test_fraction = 0``); what
         the data were (:class:`fedmcmc.app.inputs.Inputs`), None for a ``[problem]``.
@@ -76,6 +79,10 @@ class Built(NamedTuple):
         How the step size was set: ``{"value": ..., "rule": "given"}``, or with ``step_size = "auto"``
         the record of :func:`fedmcmc.app.step.auto_step` (value, rule, curvature, rounds, bits); with
         ``[privacy]``, the bounds and the (epsilon, delta) the run meets (:func:`fedmcmc.app.privacy.settle`).
+    laplace, start
+        ``(approximation or None, record)`` of :func:`fedmcmc.app.posterior.laplace` and the chains'
+        starting points ``[num_chains, d]``, set by :func:`with_start` where the run is driven (the
+        simulator, a Flower server); None until then.
     """
 
     data: Any
@@ -87,6 +94,8 @@ class Built(NamedTuple):
     inputs: inputs.Inputs | None
     step: dict
     privacy: dict | None = None
+    laplace: tuple | None = None
+    start: np.ndarray | None = None
 
 
 class _Run(NamedTuple):
@@ -316,17 +325,26 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Buil
     args = {param: _ARGUMENTS[param].make(section, run) for param in made}
     args.update({param: section[_RENAMED.get(param, param)] for param in params
                  if param not in _ARGUMENTS and _RENAMED.get(param, param) in section})
-    step = {"value": section.get("step_size"), "rule": "given"}
+    step, mode = {"value": section.get("step_size"), "rule": "given"}, args.get("mode")
     if section.get("step_size") == "auto":
         from fedmcmc.app import step as auto
 
         param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
-        args[param], step = auto.auto_step(cfg["run"].get("seed", 0), name, args, model, data, args.get("mode"))
+        args[param], step, mode = auto.auto_step(cfg["run"].get("seed", 0), name, args, model, data, mode)
     entry = REGISTRY[name]
     args, record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError)
     sampler = entry.build(**args)
-    return Built(data.pooled() if entry.pooled else data, model, exact, sampler, args.get("mode"), tests, info, step,
-                 record)
+    return Built(data.pooled() if entry.pooled else data, model, exact, sampler, mode, tests, info, step, record)
+
+
+def with_start(cfg: dict, built: Built, data_known: bool = True) -> Built:
+    """The run with its Laplace approximation (:func:`fedmcmc.app.posterior.laplace`; none when
+    the data are not ``data_known``, a Flower server's node-local data) and the chains' starting
+    points by ``[run] init`` (:func:`fedmcmc.app.posterior.starts`)."""
+    from fedmcmc.app import posterior
+
+    approx, record = posterior.laplace(cfg, built, data_known)
+    return built._replace(laplace=(approx, record), start=posterior.starts(cfg, built.model.dim, approx))
 
 
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
@@ -346,9 +364,10 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1),
                           r.get("chunk_size"))
     devices.placement(r.get("devices"), r["num_chains"])  # refused before anything is written
+    built = with_start(cfg, built)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(path.read_text())
-    res = simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim), r["num_iterations"],
+    res = simulate(r.get("seed", 0), built.sampler, built.data, built.start, r["num_iterations"],
                    num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
                    chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress,
                    devices=r.get("devices"))
@@ -360,11 +379,14 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are added to
     ``results.json``. The errors against the exact posterior are there for a ``[problem]``; ``inputs``
     records a ``[data]`` run's data, whose outputs are :func:`fedmcmc.app.outputs.write_run`'s."""
-    from fedmcmc.app import outputs  # the writers and plots: not needed to build a run (a Flower client)
+    from fedmcmc.app import outputs, posterior  # the writers and plots: not needed to build a run (a Flower client)
     from fedmcmc.evaluation import diagnostics
     from fedmcmc.runtime import io
 
     exact = built.exact
+    approx, laplace = built.laplace or (None, {"available": False, "why": "not computed by this runtime"})
+    names = None if built.inputs is None else outputs.parameter_names(built.model, built.inputs.feature_names)
+    checked = posterior.check(res.samples, approx, laplace, names)
     mean = res.samples.mean(axis=(0, 1))
     var = res.samples.var(axis=(0, 1))
     payload = {
@@ -385,7 +407,10 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
         "diagnostics": diagnostics.summary(res.samples),
         "step": built.step,
         "privacy": built.privacy,
-        "theta_star": None if built.mode is None else {"rounds": built.mode.rounds, "bits": built.mode.bits},
+        "theta_star": (None if built.mode is None or "mode" not in _parameters(sampler_name(cfg))
+                       else {"rounds": built.mode.rounds, "bits": built.mode.bits}),
+        "laplace": laplace,
+        "posterior_check": checked,
         "sampler_seconds": res.wall_seconds,
         "wall_seconds": time.perf_counter() - started,
         **extra,
@@ -393,7 +418,9 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     out = Path(out)
     io.write_json(out / "results.json", privacy.released(built.privacy, payload))
     if built.inputs is None:
-        outputs.write_problem_run(out, cfg, built, res)
+        outputs.write_problem_run(out, cfg, built, res, checked)
     else:
-        payload["summary"] = outputs.write_run(out, cfg, built, res)
+        payload["summary"] = outputs.write_run(out, cfg, built, res, checked)
+    if checked["passed"] is False:
+        sys.stderr.write(f"fedmcmc: warning: {posterior.message(checked)}\n")
     return payload

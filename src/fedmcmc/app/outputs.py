@@ -81,7 +81,7 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
                   task: str | None = None, feature_names: Sequence[str] | None = None,
                   settings: Mapping | None = None, step_size: float | None = None, max_draws: int = 2000,
                   num_bins: int = 15, level: float = 0.94, echo: Callable[[str], None] | None = None,
-                  draws_only: bool = False) -> dict:
+                  draws_only: bool = False, posterior_check: Mapping | None = None) -> dict:
     """Write ``posterior.nc``, ``summary.json`` and the plots of a run into ``out`` (module docstring).
 
     Parameters
@@ -105,6 +105,10 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
     draws_only
         Write only the draws and what is computed from them alone (``[privacy] release =
         "draws"``): no ``sample_stats`` and no bits (give no ``tests``).
+    posterior_check
+        The run's posterior check (:func:`fedmcmc.app.posterior.check`): in ``summary.json``, and
+        its verdict as the attribute ``posterior_check_passed`` of ``posterior.nc`` (1, 0, or
+        -1 when not made), so that draws that failed it are marked wherever they go.
 
     Returns
     -------
@@ -115,12 +119,13 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
         raise ValueError(f"task must be one of {TASKS} to report on held-out points (got {task!r})")
     draws = io.stored_draws(result, max_draws)
     held = None if not tests else held_out(model, draws, tests)
-    idata = io.to_inference_data({label: result}, settings, max_draws, step_size=step_size, layout=model.layout,
+    idata = io.to_inference_data({label: result}, {**(settings or {}), **_verdict(posterior_check)}, max_draws, step_size=step_size, layout=model.layout,
                                  names=parameter_names(model, feature_names), held_out=held)
     conv = diagnostics.convergence(idata)
     metrics, probs = (None, None) if not tests else predictive(model, draws, tests, task, num_bins, level)
     summary = {"sampler": label, "num_chains": int(draws.shape[0]), "num_stored_draws": int(draws.shape[1]),
                "warnings": conv["warnings"], "convergence": conv, "predictive": metrics,
+               **({} if posterior_check is None else {"posterior_check": posterior_check}),
                **({} if draws_only else {"bits": bits(result)}), "step_size": step_size, "settings": dict(settings or {})}
     out = Path(out)
     io.write_netcdf(out / "posterior.nc", io.posterior_only(idata) if draws_only else idata)
@@ -137,7 +142,15 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
     return summary
 
 
-def write_run(out, cfg: dict, built, result: SimulationResult, echo: Callable[[str], None] | None = None) -> dict:
+def _verdict(posterior_check: Mapping | None) -> dict:
+    """The attribute that marks stored draws with the posterior check's verdict (none without a check)."""
+    if posterior_check is None:
+        return {}
+    return {"posterior_check_passed": {True: 1, False: 0, None: -1}[posterior_check["passed"]]}
+
+
+def write_run(out, cfg: dict, built, result: SimulationResult, posterior_check: Mapping | None = None,
+              echo: Callable[[str], None] | None = None) -> dict:
     """:func:`write_outputs` for a run of ``[data]`` + ``[model]``, from what
     :func:`fedmcmc.app.config.build` returns (its ``model``, ``sampler``, ``tests``, ``inputs``
     and ``step``); the config, the inputs and the step rule are the settings (a step per client,
@@ -147,14 +160,16 @@ def write_run(out, cfg: dict, built, result: SimulationResult, echo: Callable[[s
     return write_outputs(out, result, built.model, label=built.sampler.name, tests=None if draws_only else built.tests,
                          task=inputs.task, feature_names=inputs.feature_names, draws_only=draws_only,
                          step_size=step if np.ndim(step) == 0 else None, echo=echo,
+                         posterior_check=None if draws_only else posterior_check,
                          settings=privacy.released(built.privacy, {"config": cfg, "inputs": inputs._asdict(),
                                                                    "step": built.step, **privacy.attrs(built.privacy)}))
 
 
-def write_problem_run(out, cfg: dict, built, result: SimulationResult) -> None:
+def write_problem_run(out, cfg: dict, built, result: SimulationResult, posterior_check: Mapping | None = None) -> None:
     """``posterior.nc`` and ``trace.png`` (against the exact posterior) of a ``[problem]`` run;
     under ``[privacy] release = "draws"`` the posterior group alone, and no exact posterior."""
-    attrs = privacy.released(built.privacy, {"config": cfg, **privacy.attrs(built.privacy)})
+    attrs = privacy.released(built.privacy, {"config": cfg, **privacy.attrs(built.privacy),
+                                             **_verdict(posterior_check)})
     idata = io.to_inference_data({built.sampler.name: result}, attrs, 2000)
     draws_only = privacy.draws_only(built.privacy)
     io.write_netcdf(Path(out) / "posterior.nc", io.posterior_only(idata) if draws_only else idata)

@@ -23,12 +23,12 @@ from fedmcmc.samplers.steps import Setting, auto_step as rule_step
 MAX_ROUNDS, MAX_ROUNDS_SMALLEST, TOL = 200, 100, 1e-3
 
 
-def auto_step(seed: int, name: str, args: dict, model, data, mode=None) -> tuple[object, dict]:
+def auto_step(seed: int, name: str, args: dict, model, data, mode=None) -> tuple[object, dict, object]:
     """The step of registered sampler ``name`` with builder arguments ``args`` on ``data``.
 
     ``seed`` keys the power iterations' start vectors; ``mode`` is the sampler's own mode, if it
     has one (else the mode is found here and its cost added to the step's). Returns
-    ``(value, record)``: the step (a float, or one per client for DG-SGLD) and
+    ``(value, record, mode)``: the step (a float, or one per client for DG-SGLD) and
     ``{"value", "rule", "lambda_max", "lambda_min", "converged", "rounds", "bits"}`` (``bits`` up
     and down; ``converged``: whether the power iterations met their tolerance).
     """
@@ -44,7 +44,7 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None) -> tuple
     rounds, bits = found.rounds + own * mode.rounds, found.bits_up + found.bits_down + own * mode.bits
     record = {"value": np.asarray(value).tolist(), "rule": formula, "lambda_max": found.lambda_max,
               "lambda_min": found.lambda_min, "converged": found.converged, "rounds": rounds, "bits": bits}
-    return value, record
+    return value, record, mode
 
 
 def describe(record: dict) -> str:

@@ -264,7 +264,11 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
     config_lib, inputs, nodes, _, server = _lib()
     cfg = nodes.parsed(cfg_text)
     if "data" not in cfg:
-        runtime = server.ServerRuntime(cfg_text, out, config_lib.from_text, resume=resume)
+        def build(text):
+            parsed, built = config_lib.from_text(text)
+            return parsed, config_lib.with_start(parsed, built)
+
+        runtime = server.ServerRuntime(cfg_text, out, build, resume=resume)
         return runtime, GridTransport(grid, runtime.b, runtime.flower)
     transport = GridTransport(grid, nodes.num_clients(cfg["data"]), flower_settings(cfg))
     summaries = [nodes.summary_from_json(transport.hellos[i]["summary"]) for i in range(transport.b)]
@@ -276,6 +280,7 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
     missing = [i for i, r in replies.items() if r is None]
     if missing:
         raise RuntimeError(f"client(s) {missing} did not take the run's inputs; see their SuperNodes' logs")
+    built = config_lib.with_start(cfg, built, data_known=False)
     return server.ServerRuntime(cfg_text, out, lambda _: (cfg, built), resume=resume), transport
 
 

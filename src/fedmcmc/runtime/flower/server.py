@@ -107,7 +107,8 @@ class ServerRuntime:
         if s.setup is not None:
             self.setup = rnd.blockwise(xla.jit(jax.vmap(lambda ck, ss, up: rnd.setup_server(s, ck, ss, up, b))), w, 3)
         d = self.built.model.dim
-        self.theta0 = jnp.zeros((self.C, d), jnp.float32)
+        start = getattr(self.built, "start", None)  # the chains' starting points, where the build set them
+        self.theta0 = jnp.zeros((self.C, d), jnp.float32) if start is None else jnp.asarray(start, jnp.float32)
         key = jax.ShapeDtypeStruct((2,), jnp.uint32)
         ss, bc = jax.eval_shape(s.init, key, jax.ShapeDtypeStruct((d,), jnp.float32))
         client0 = data.client(0)
