@@ -421,6 +421,7 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
         outputs.write_problem_run(out, cfg, built, res, checked)
     else:
         payload["summary"] = outputs.write_run(out, cfg, built, res, checked)
-    if checked["passed"] is False:
-        sys.stderr.write(f"fedmcmc: warning: {posterior.message(checked)}\n")
+    line = posterior.message(checked) if "flagged" in checked else None
+    if line:
+        sys.stderr.write(f"fedmcmc: warning: {line}\n")
     return payload

@@ -129,8 +129,14 @@ ADVICE = ('these draws are not the posterior. Try step_size = "auto" or a smalle
           '(debiased = true) fewer local_steps or debiased = false (docs/design.md, "The posterior check")')
 
 
-def message(report: dict) -> str:
-    """One line for the terminal when the check failed."""
+def message(report: dict) -> str | None:
+    """One line for the terminal: when the check failed, or was inconclusive with marginals far
+    from the approximation (None otherwise)."""
+    if report["passed"] is not False and not report.get("flagged"):
+        return None
     more = len(report["flagged"]) - 1
-    return (f"the posterior check failed: {report['worst']}" + (f" (and {more} more parameters)" if more else "")
-            + f"; {ADVICE}")
+    found = report["worst"] + (f" (and {more} more parameters)" if more else "")
+    if report["passed"] is None:
+        return (f"the posterior check is {report['why']}; meanwhile the draws are far from the Laplace approximation "
+                f"({found}): if that persists in a longer run, {ADVICE[0].lower()}{ADVICE[1:]}")
+    return f"the posterior check failed: {found}; {ADVICE}"

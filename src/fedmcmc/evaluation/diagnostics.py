@@ -110,7 +110,8 @@ def plot_trace(path, samples: np.ndarray, report: dict, count: int = 4):
     for row, k in zip(axes, picked):
         for c in range(samples.shape[0]):
             row[0].plot(samples[c, :, k], lw=0.6)
-            row[1].hist(samples[c, :, k], bins=30, density=True, histtype="step")
+            # float64: float32 draws of a chain that barely moved cannot be cut into 30 bins
+            row[1].hist(np.asarray(samples[c, :, k], np.float64), bins=30, density=True, histtype="step")
         row[0].set_ylabel(labels[k], fontsize=8)
         row[1].set_title(f"R-hat {report['parameters'][labels[k]]['r_hat']:.3f}", fontsize=8)
     axes[-1][0].set_xlabel("stored draw")
