@@ -12,7 +12,7 @@ from fedmcmc import from_clients, simulate
 from fedmcmc.samplers import participation
 from fedmcmc.compression import quantization
 from fedmcmc.data.synthetic import logistic_regression_data
-from fedmcmc.evaluation.laws import fa_hmc_law
+from fedmcmc.evaluation.laws import fa_hmc_law, fa_hmc_radius
 from fedmcmc.models import gaussian_factors, logistic_regression
 from fedmcmc.samplers import fa_hmc, fa_ld
 from fedmcmc.samplers.fa_hmc import FAUpload
@@ -319,6 +319,22 @@ def test_de_biasing_removes_the_heterogeneity_bias(clock):
     np.testing.assert_allclose(debiased.mean, posterior_mean, rtol=1e-10)
     assert np.all(np.abs(plain.mean - posterior_mean) > 1e-4)  # a bias (0.026; 5e-4 to 7e-4) for it to remove
     # the exact recursion itself is checked against samples in the tests above
+
+
+def test_de_biasing_is_unstable_with_long_local_trajectories_on_heterogeneous_curvatures():
+    """Over T = 400 leapfrog steps a client relaxes to the minimiser of its corrected potential,
+    and the average of those overshoots by ``lam sum_c w_c / lam_c`` (2.2 here: client 2 is four
+    times flatter than the mean): the mean map expands, there is no stationary law at any
+    noise, and the sampler's spread grows as the exact recursion's. Without de-biasing, or with
+    T = 3, the chain is stable (laws.fa_hmc_radius)."""
+    assert fa_hmc_radius(LAM, W, ETA, K, 400, debiased=True) > 1.05
+    assert fa_hmc_radius(LAM, W, ETA, K, T, debiased=True) < 1 and fa_hmc_radius(LAM, W, ETA, K, 400) < 1
+    law = fa_hmc_law(LAM, MU, W, ETA, K, 400, debiased=True, rounds=20, theta0=8.0)
+    assert law.var[20] > 30 * law.var[1]
+    samples = simulate(3, build(t=400, debiased=True), DATA, jnp.full(DIM, 8.0), 20, num_chains=100).samples
+    for r in (5, 20):
+        x = samples[:, r - 1, :].reshape(-1).astype(np.float64)
+        h.assert_close((x - law.mean[r]) ** 2, law.var[r], f"de-biased, T = 400: variance, round {r}")
 
 
 @pytest.mark.parametrize("clock", ["trajectory", "leapfrog"])

@@ -133,6 +133,40 @@ def fa_hmc_round_map(curvatures, centres, weights, step_size: float, num_leapfro
     return law.then(A, b)
 
 
+def _cycle(maps) -> AffineGaussian:
+    cycle = AffineGaussian.identity(maps[0].A.shape[0])
+    for M in maps:
+        cycle = cycle.then_map(M)
+    return cycle
+
+
+def _maps(curvatures, centres, weights, step_size, num_leapfrog, local_steps, correlation, gradient_noise,
+          debiased, clock, momentum_sync) -> list[AffineGaussian]:
+    period = round_period(num_leapfrog, local_steps, clock)
+    return [fa_hmc_round_map(curvatures, centres, weights, step_size, num_leapfrog, local_steps, correlation,
+                             gradient_noise, debiased, clock, momentum_sync, i) for i in range(period)]
+
+
+def fa_hmc_radius(curvatures, weights, step_size: float, num_leapfrog: int, local_steps: int,
+                  correlation: float = 0.0, debiased: bool = False, clock: str = "leapfrog",
+                  momentum_sync: str = "local") -> float:
+    """Spectral radius of FA-HMC's mean map over one period of rounds on quadratic local
+    potentials (settings as :func:`fa_hmc_law`): the chain has a stationary law iff it is below 1.
+
+    De-biased FA-HMC can exceed 1 at any step size once the local trajectories are long: over
+    ``T`` leapfrog steps client ``c`` relaxes towards the minimiser of its *corrected* potential,
+    ``theta_s - grad f(theta_s) / lam_c`` from the synchronisation point ``theta_s``, so the
+    averaged move is ``-(sum_c w_c / lam_c) grad f(theta_s)``, a Newton step with the mean of
+    the inverse curvatures instead of the inverse of the mean curvature
+    ``lam = sum_c w_c lam_c``. It overshoots by the factor ``lam sum_c w_c / lam_c >= 1``, and past
+    2 the mean map expands: a client whose potential is nearly flat where the others' is not
+    (docs/design.md, "The posterior check") makes the round unstable.
+    """
+    maps = _maps(curvatures, np.zeros(np.size(curvatures)), weights, step_size, num_leapfrog, local_steps,
+                 correlation, 0.0, debiased, clock, momentum_sync)
+    return float(np.max(np.abs(linalg.eigvals(_cycle(maps).A))))
+
+
 def fa_hmc_law(curvatures, centres, weights, step_size: float, num_leapfrog: int, local_steps: int,
                correlation: float = 0.0, gradient_noise: float = 0.0, debiased: bool = False,
                theta0: float = 0.0, rounds: int | None = None, clock: str = "leapfrog",
@@ -155,22 +189,20 @@ def fa_hmc_law(curvatures, centres, weights, step_size: float, num_leapfrog: int
 
     Other parameters as :func:`fedmcmc.samplers.fa_hmc`.
     """
-    period = round_period(num_leapfrog, local_steps, clock)
-    maps = [fa_hmc_round_map(curvatures, centres, weights, step_size, num_leapfrog, local_steps, correlation,
-                             gradient_noise, debiased, clock, momentum_sync, i) for i in range(period)]
+    maps = _maps(curvatures, centres, weights, step_size, num_leapfrog, local_steps, correlation, gradient_noise,
+                 debiased, clock, momentum_sync)
+    period = len(maps)
     w = np.asarray(weights, float)
     n = w.size
     size = maps[0].A.shape[0]
     read = np.zeros(size)
     read[:n] = w
     if rounds is None:
-        cycle = AffineGaussian.identity(size)
-        for M in maps:
-            cycle = cycle.then_map(M)
+        cycle = _cycle(maps)
         radius = np.max(np.abs(linalg.eigvals(cycle.A)))
         if radius >= 1:
-            raise ValueError(f"the chain has no stationary law (spectral radius {radius:.4g} >= 1): "
-                             "lower the step size")
+            raise ValueError(f"the chain has no stationary law (spectral radius {radius:.4g} >= 1): lower the step "
+                             "size, or with debiased = true the local steps (fa_hmc_radius)")
         C = linalg.solve_discrete_lyapunov(cycle.A, cycle.Q)
         m = np.linalg.solve(np.eye(size) - cycle.A, cycle.b)
         means, variances = [], []
