@@ -94,3 +94,24 @@ def test_a_checkpoint_without_an_identity_is_refused(tmp_path):
         save_npz(state, **{name: z[name] for name in z.files if name != "identity"})
     with pytest.raises(ValueError, match="written by an older fedmcmc .*--overwrite to start over"):
         simulate(7, sampler(), DATA, THETA0, 8, out_dir=tmp_path, resume=True, **KWARGS)
+
+
+def test_a_study_into_a_folder_holding_its_run_needs_resume_or_overwrite(tmp_path):
+    from types import SimpleNamespace
+
+    from fedmcmc.app.studies import runner
+
+    def science(cfg, run):
+        res = run.simulate(cfg["seed"], sampler(cfg["step_size"]), DATA, THETA0, 8, folder="qlsd", **KWARGS)
+        return runner.Findings(settings=cfg, results={"mean": float(res.samples.mean())})
+
+    study = SimpleNamespace(NAME="tiny", SUMMARY="", FULL={"seed": 7, "step_size": GAMMA}, QUICK={}, science=science)
+    first = runner.run_study(study, tmp_path, progress=False)
+    with pytest.raises(ValueError, match=f"{tmp_path} holds a run; continue it with --resume, or replace it with "
+                                         "--overwrite"):
+        runner.run_study(study, tmp_path, progress=False, settings={"step_size": GAMMA / 2})
+    with pytest.raises(ValueError, match=r"its run had step_size = .*, this one"):
+        runner.run_study(study, tmp_path, progress=False, settings={"step_size": GAMMA / 2}, resume=True)
+    assert runner.run_study(study, tmp_path, progress=False, resume=True)["mean"] == first["mean"]
+    other = runner.run_study(study, tmp_path, progress=False, settings={"step_size": GAMMA / 2}, overwrite=True)
+    assert other["mean"] != first["mean"]
