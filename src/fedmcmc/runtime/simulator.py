@@ -169,11 +169,11 @@ def _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinnin
     return np.asarray(theta0), chunk_size
 
 
-def _checkpoint(chunk_dir: Path | None, resume: bool, overwrite: bool, run_id: dict):
+def _checkpoint(chunk_dir: Path, resume: bool, overwrite: bool, run_id: dict):
     """The checkpoint to resume from (its arrays by name), or None; refused before any work when it is
     another run's (:func:`fedmcmc.runtime.identity.check_resume`), and a folder whose ``chunks/``
     holds a run is refused unless ``resume`` or ``overwrite`` (:func:`_save` then removes its files)."""
-    if chunk_dir is None or not chunk_dir.is_dir():
+    if not chunk_dir.is_dir():
         return None
     state_path = chunk_dir / "state.npz"
     if resume and state_path.exists():
@@ -187,7 +187,7 @@ def _checkpoint(chunk_dir: Path | None, resume: bool, overwrite: bool, run_id: d
     return None
 
 
-def _restore(chunk_dir: Path | None, saved, blocks) -> tuple[int, float, list[dict]]:
+def _restore(chunk_dir: Path, saved, blocks) -> tuple[int, float, list[dict]]:
     """Rounds done, wall time and chunks of the checkpoint ``saved`` in ``chunk_dir``, with the blocks'
     state restored; nothing done without one."""
     if saved is None:
@@ -265,11 +265,13 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
     """
     theta0, chunk_size = _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size,
                                   out_dir, resume, overwrite)
-    run_id = identity.identity(settings, seed=seed, num_chains=num_chains, num_iterations=num_iterations,
-                              burn_in=burn_in, thinning=thinning, chunk_size=chunk_size, theta0=theta0,
-                              data=identity.data_hash(data), sampler=sampler, statistic=statistic)
-    chunk_dir = None if out_dir is None else Path(out_dir) / "chunks"
-    saved = _checkpoint(chunk_dir, resume, overwrite, run_id)
+    chunk_dir, run_id, saved = None, None, None
+    if out_dir is not None:  # what the checkpoint records of the run, and the one it resumes
+        chunk_dir = Path(out_dir) / "chunks"
+        run_id = identity.identity(settings, seed=seed, num_chains=num_chains, num_iterations=num_iterations,
+                                   burn_in=burn_in, thinning=thinning, chunk_size=chunk_size, theta0=theta0,
+                                   data=identity.data_hash(data), sampler=sampler, statistic=statistic)
+        saved = _checkpoint(chunk_dir, resume, overwrite, run_id)
     lengths = sorted({(min(chunk_size, num_iterations - done) // thinning, thinning)
                       for done in range(0, num_iterations, chunk_size)})
     blocks = _start(seed, sampler, data, statistic, theta0, workers, devices, lengths)

@@ -284,7 +284,8 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
     return server.ServerRuntime(cfg_text, out, lambda _: (cfg, built), resume=resume, overwrite=overwrite), transport
 
 
-def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str, base_dir=None, overwrite: bool = False) -> dict:
+def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str, base_dir=None,
+               overwrite: bool = False) -> dict:
     """The ServerApp's work: run the rounds and write the output folder of ``fedmcmc run``."""
     started = time.perf_counter()
     runtime, transport = start_server(grid, cfg_text, out, resume, base_dir, overwrite)
