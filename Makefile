@@ -25,7 +25,7 @@ fashion-mnist:
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/fedmcmc reproduce qlsd-toy-gaussian --quick --out results/qlsd-toy-gaussian-quick
+	$(BIN)/fedmcmc reproduce qlsd-toy-gaussian --quick --out results/qlsd-toy-gaussian-quick --overwrite
 
 test: $(STAMP)
 	-@$(MAKE) --no-print-directory fashion-mnist  # tests that need it say so and skip if this fails

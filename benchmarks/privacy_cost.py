@@ -59,7 +59,7 @@ def run(out: Path, name: str, level: str, eps) -> str:
     compression = "{ bits = 8 }" if level == "client" else '"none"'
     path.write_text(TEMPLATE.format(data=data, model=model, step=step, iterations=iterations, burn_in=burn_in,
                                     privacy=privacy, compression=compression))
-    config.run(path, folder, progress=False)
+    config.run(path, folder, progress=False, overwrite=True)  # a measurement again replaces the last
     summary = json.loads((folder / "summary.json").read_text())
     p, overall = summary["settings"].get("privacy"), summary["predictive"]["overall"]
     met = "-" if p is None else " / ".join(f"{p[u]['epsilon']:.3g}" if "epsilon" in p[u] else "-"

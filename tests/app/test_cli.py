@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,8 +25,9 @@ def fedmcmc(*args, timeout=300):
 
 def refused(*args):
     """The command line run in this process, for input it refuses before running anything (the
-    subprocess tests above and below check the same exit codes end to end): its exit code and
-    printed lines, as :func:`fedmcmc` returns them. The worker count it sets is put back."""
+    subprocess tests above and below check the same exit codes end to end), or for a short run:
+    its exit code and printed lines, as :func:`fedmcmc` returns them. The worker count it sets is
+    put back."""
     from fedmcmc.app import cli
     from fedmcmc.runtime import cpu
 
@@ -150,6 +152,51 @@ def test_killed_run_resumes_to_the_same_samples(tmp_path):
     a = arviz.from_netcdf(tmp_path / "a" / "posterior.nc").posterior["theta"].values
     b = arviz.from_netcdf(tmp_path / "b" / "posterior.nc").posterior["theta"].values
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished run of a few rounds: its config and output folder (tests that change it copy it)."""
+    from fedmcmc.app.cli import main
+
+    folder = tmp_path_factory.mktemp("finished")
+    cfg = write_config(folder / "c.toml", iterations=20, burn_in=0, chunk=10)
+    assert main(["run", str(cfg), "--out", str(folder / "out"), "--no-progress", "--workers", "1"]) == 0
+    return cfg, folder / "out"
+
+
+def contents(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_with_another_step_size_is_refused_and_keeps_the_run(finished, tmp_path):
+    cfg, out = finished
+    before = contents(out)
+    changed = write_config(tmp_path / "c.toml", step=5e-4, iterations=20, burn_in=0, chunk=10)
+    proc = refused("run", changed, "--out", out, "--resume", "--no-progress", "--workers", "1")
+    assert_one_line_error(proc, f"cannot resume from {out}: its run had [sampler] step_size = 0.001, this one 0.0005",
+                          "--overwrite")
+    assert contents(out) == before  # the chunks, the checkpoint and the outputs as they were
+
+
+def test_a_folder_holding_a_run_is_refused_and_replaced_only_with_overwrite(finished, tmp_path):
+    cfg, out = finished
+    before = contents(out)
+    proc = refused("run", cfg, "--out", out, "--no-progress", "--workers", "1")
+    assert_one_line_error(proc, f"{out} holds a run", "--resume", "--overwrite")
+    assert contents(out) == before
+    assert_one_line_error(refused("run", cfg, "--out", out, "--resume", "--overwrite"), "not both")
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    (copy / "chunks" / "chunk_000099.npz").write_bytes(b"an old run's")
+    changed = write_config(tmp_path / "c.toml", step=5e-4, iterations=20, burn_in=0, chunk=10)
+    proc = refused("run", changed, "--out", copy, "--overwrite", "--no-progress", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stdout.splitlines() if "--overwrite" in line] == [
+        f"fedmcmc: --overwrite: removed the run that was in {copy}"]
+    assert sorted(p.name for p in (copy / "chunks").iterdir()) == ["chunk_000000.npz", "chunk_000001.npz", "state.npz"]
+    assert "step_size = 0.0005" in (copy / "config.toml").read_text()
+    assert contents(copy)[Path("posterior.nc")] != before[Path("posterior.nc")]
 
 
 @pytest.mark.parametrize("change, fragments", [

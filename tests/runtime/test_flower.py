@@ -191,6 +191,11 @@ def test_server_resumes_after_a_restart_with_the_same_samples(tmp_path):
         ServerRuntime(QLSD_PP, tmp_path, config.from_text).run(transport)
     transport.faults = None
     transport.stores = {i: {} for i in range(3)}  # a new run: the nodes' Context.state is gone
+    other = QLSD_PP.replace("step_size = 1e-3", "step_size = 5e-4")
+    with pytest.raises(ValueError, match=r"its run had \[sampler\] step_size = 0.001, this one 0.0005"):
+        ServerRuntime(other, tmp_path, config.from_text, resume=True).run(transport)
+    with pytest.raises(ValueError, match="holds a run .*--resume.*--overwrite"):
+        ServerRuntime(QLSD_PP, tmp_path, config.from_text).run(transport)
     res = ServerRuntime(QLSD_PP, tmp_path, config.from_text, resume=True).run(transport)
     np.testing.assert_array_equal(res.samples, reference(QLSD_PP).samples)
 

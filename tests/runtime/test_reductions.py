@@ -130,7 +130,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch)
     resumed = simulate(7, sampler, DATA, THETA0, 60, out_dir=tmp_path, resume=True, **kwargs)
     for field in ("samples", "bits_up", "bits_down", "active", "statistics", "total_bits_up"):
         np.testing.assert_array_equal(getattr(resumed, field), getattr(full, field), err_msg=field)
-    with pytest.raises(ValueError, match="different settings"):
+    with pytest.raises(ValueError, match="its run had seed = 7, this one 8"):
         simulate(8, sampler, DATA, THETA0, 60, out_dir=tmp_path, resume=True, **kwargs)
 
 

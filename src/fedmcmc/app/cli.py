@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--quick", action="store_true", help="a smaller version that finishes in minutes")
     r.add_argument("--out", type=Path, default=None, help="output folder (default results/NAME)")
     r.add_argument("--seed", type=int, default=None)
-    r.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
+    _folder_options(r, "continue a run killed in the same --out folder")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting of the study, e.g. --set step_size=4.9e-6")
     r.add_argument("--no-progress", action="store_true")
@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("run", help="run a sampler described in a TOML file")
     c.add_argument("config", type=Path)
     c.add_argument("--out", type=Path, default=None, help="output folder (default results/CONFIG-NAME)")
-    c.add_argument("--resume", action="store_true", help="continue a run killed in the same --out folder")
+    _folder_options(c, "continue a run killed in the same --out folder")
     c.add_argument("--no-progress", action="store_true")
     _workers_option(c)
     pr = sub.add_parser("predict", help="posterior predictive of a finished run on the rows of a CSV file")
@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("config", type=Path)
     f.add_argument("--clients", type=int, default=None, help="number of clients (SuperNodes); default: the config's")
     f.add_argument("--out", type=Path, default=None, help="output folder (default results/CONFIG-NAME-flower-ENGINE)")
-    f.add_argument("--resume", action="store_true", help="continue a run whose server stopped, in the same --out")
+    _folder_options(f, "continue a run whose server stopped, in the same --out")
     w = sub.add_parser("node-worker", help="keep a SuperNode's fedmcmc work in one long-lived process (docs/flower.md)")
     w.add_argument("folder", type=Path, help="the folder the SuperNode's node config names as `worker`")
     w.add_argument("--idle", type=float, default=3600.0, help="exit after this many seconds without a message "
@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=Path("results/bench"))
     _workers_option(b)
     return p
+
+
+def _folder_options(parser, resume: str) -> None:
+    """``--resume`` and ``--overwrite``: a folder that holds a run takes a new one only with either."""
+    parser.add_argument("--resume", action="store_true", help=resume + " (refused if its settings differ)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run in the --out folder (without it, "
+                        "a folder that holds a run is refused)")
 
 
 def _workers_option(parser) -> None:
@@ -115,14 +122,15 @@ def _main(args) -> int:
         out = args.out or Path("results") / (args.name + ("-quick" if args.quick else ""))
         payload = runner.run_study(study, out, quick=args.quick, seed=args.seed,
                                    settings=runner.overrides(study, args.set), resume=args.resume,
-                                   progress=not args.no_progress)
+                                   overwrite=args.overwrite, progress=not args.no_progress)
         print(f"wrote {out}/results.json, posterior draws (.nc) and figures ({payload['wall_seconds']:.0f} s)")
         return 0
     if args.command == "run":
         from fedmcmc.app import config
 
         out = args.out or Path("results") / args.config.stem
-        payload = config.run(args.config, out, resume=args.resume, progress=not args.no_progress)
+        payload = config.run(args.config, out, resume=args.resume, progress=not args.no_progress,
+                             overwrite=args.overwrite)
         print(f"wrote {out}/results.json and {out}/posterior.nc; {_accuracy(payload)}")
         return _verdict(payload)
     if args.command == "predict":
@@ -142,7 +150,7 @@ def _main(args) -> int:
 
         out = args.out or Path("results") / f"{args.config.stem}-flower-{args.engine}"
         run = launch.run_sim if args.engine == "sim" else launch.run_deploy
-        payload = run(args.config, out, clients=args.clients, resume=args.resume)
+        payload = run(args.config, out, clients=args.clients, resume=args.resume, overwrite=args.overwrite)
         rounds = payload.get("flower")  # not written under [privacy] release = "draws"
         print(f"wrote {out}/results.json and {out}/posterior.nc ({args.engine} engine"
               + (f", {rounds['median_round_seconds']:.2f} s per round" if rounds else "") + f"); {_accuracy(payload)}")

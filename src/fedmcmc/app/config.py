@@ -347,12 +347,23 @@ def with_start(cfg: dict, built: Built, data_known: bool = True) -> Built:
     return built._replace(laplace=(approx, record), start=posterior.starts(cfg, built.model.dim, approx))
 
 
-def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
+def identity(cfg: dict) -> dict:
+    """The config's keys that change the draws, part of a run's identity
+    (:mod:`fedmcmc.runtime.identity`): all but ``[run] devices``, ``[run] posterior_check`` (a
+    check of the finished draws) and ``[flower]``, which do not."""
+    return {**{k: v for k, v in cfg.items() if k != "flower"},
+            "run": {k: v for k, v in cfg["run"].items() if k not in ("devices", "posterior_check")}}
+
+
+def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True,
+        overwrite: bool = False) -> dict:
     """Run a config file with the simulator into ``out``: ``config.toml`` (the text as given),
     the chunks as they finish, then :func:`report`'s outputs. Nothing is written when the
-    config or its data are refused."""
+    config or its data are refused, nor into a folder that holds a run without ``resume`` or
+    ``overwrite`` (:func:`fedmcmc.runtime.identity.claim`); a resume of another run is refused
+    naming the first setting that differs."""
     from fedmcmc.app import step as auto
-    from fedmcmc.runtime import devices
+    from fedmcmc.runtime import devices, identity as run_identity
     from fedmcmc.runtime.simulator import simulate
     path, out = Path(path), Path(out)
     cfg = load(path)
@@ -365,12 +376,16 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
                           r.get("chunk_size"))
     devices.placement(r.get("devices"), r["num_chains"])  # refused before anything is written
     built = with_start(cfg, built)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.toml").write_text(path.read_text())
+    run_identity.claim(out, resume, overwrite)
+    if not resume:  # a resumed run's, once its checkpoint is found to be this run's
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.toml").write_text(path.read_text())
     res = simulate(r.get("seed", 0), built.sampler, built.data, built.start, r["num_iterations"],
                    num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
-                   chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress,
-                   devices=r.get("devices"))
+                   chunk_size=r.get("chunk_size"), out_dir=out, resume=resume, overwrite=overwrite,
+                   settings=identity(cfg), progress=progress, devices=r.get("devices"))
+    if resume:
+        (out / "config.toml").write_text(path.read_text())
     return report(cfg, built, res, out, started)
 
 

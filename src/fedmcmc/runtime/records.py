@@ -1,14 +1,13 @@
-"""What a run records, in both runtimes: its result, its checkpoints and their fingerprint.
+"""What a run records, in both runtimes: its result and its checkpoints.
 
 A run writes ``chunks/chunk_NNNNNN.npz`` (the kept draws and the bit counts of a chunk of
-rounds) and ``chunks/state.npz`` (what it needs to go on, with the fingerprint of its settings)
-as it goes; :func:`assemble` turns the chunks into a :class:`SimulationResult`.
+rounds) and ``chunks/state.npz`` (what it needs to go on, with the run's identity,
+:mod:`fedmcmc.runtime.identity`) as it goes; :func:`assemble` turns the chunks into a
+:class:`SimulationResult`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -82,11 +81,6 @@ def check_finite(positions: np.ndarray, rounds) -> None:
     if bad.any():
         first = int(np.argmax(bad.any(axis=0)))
         raise DivergenceError(int(np.asarray(rounds)[first]), np.flatnonzero(bad.any(axis=1)).tolist())
-
-
-def fingerprint(**settings) -> str:
-    """16 hex digits that change with any of ``settings``: a checkpoint resumes only its own run."""
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def save_npz(path: Path, **arrays):

@@ -4,7 +4,9 @@ A round is :mod:`fedmcmc.runtime.round` (which holds the key schedule, the same 
 runtime). A run goes in chunks of a fixed number of rounds (compiled once). After each chunk
 the draws are appended to ``out_dir`` and the full state is checkpointed
 (:mod:`fedmcmc.runtime.records`), so a run that was killed resumes from its last completed
-chunk (``resume=True``) and gives exactly the samples of an uninterrupted run.
+chunk (``resume=True``) and gives exactly the samples of an uninterrupted run. The checkpoint
+holds the run's identity (:mod:`fedmcmc.runtime.identity`): a resume of another run is refused,
+and so is a new run into a folder whose chunks hold one, unless ``overwrite=True``.
 
 Chains run in blocks of consecutive chains (:class:`Chains`): all of them in this process by
 default, or spread over worker processes after :func:`fedmcmc.tune_cpu`
@@ -16,11 +18,10 @@ split never changes a sample.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -29,11 +30,10 @@ import numpy as np
 from fedmcmc.core.checks import check_schedule
 from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
-from fedmcmc.runtime import cpu, devices as placement
+from fedmcmc.runtime import cpu, devices as placement, identity
 from fedmcmc.runtime.programs import build, fitting, inputs, total
 from fedmcmc.runtime.round import block_width, blockwise
-from fedmcmc.runtime.records import (SimulationResult, assemble, check_finite, fingerprint,
-                                     save_npz)
+from fedmcmc.runtime.records import SimulationResult, assemble, check_finite, save_npz
 
 __all__ = ["simulate", "Chains"]
 
@@ -149,7 +149,8 @@ def _kept(out: dict, done: int, length: int, thinning: int, burn_in: int) -> dic
     return piece
 
 
-def _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size, out_dir, resume):
+def _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size, out_dir, resume,
+             overwrite):
     """The run's settings checked (one line naming the problem and the fix): ``theta0`` as
     ``[num_chains, d]`` and the chunk size."""
     chunk_size = check_schedule(num_iterations, num_chains, burn_in, thinning, chunk_size)
@@ -163,47 +164,60 @@ def _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinnin
                          f"has {data.num_clients}; give one value per client")
     if resume and out_dir is None:
         raise ValueError("resume needs out_dir, the folder of the interrupted run")
+    if resume and overwrite:
+        raise ValueError("give resume (continue the run in out_dir) or overwrite (replace it), not both")
     return np.asarray(theta0), chunk_size
 
 
-def _restore(chunk_dir: Path | None, resume: bool, run_fingerprint: str, blocks) -> tuple[int, float, list[dict]]:
-    """Rounds done, wall time and chunks of the run in ``chunk_dir``, with the blocks' state restored
-    when resuming; otherwise nothing done (old files go with the first chunk, :func:`_save`)."""
-    done, wall, pieces = 0, 0.0, []
-    if chunk_dir is None:
-        return done, wall, pieces
+def _checkpoint(chunk_dir: Path, resume: bool, overwrite: bool, run_id: dict):
+    """The checkpoint to resume from (its arrays by name), or None; refused before any work when it is
+    another run's (:func:`fedmcmc.runtime.identity.check_resume`), and a folder whose ``chunks/``
+    holds a run is refused unless ``resume`` or ``overwrite`` (:func:`_save` then removes its files)."""
+    if not chunk_dir.is_dir():
+        return None
     state_path = chunk_dir / "state.npz"
     if resume and state_path.exists():
-        saved = np.load(state_path)
-        if str(saved["fingerprint"]) != run_fingerprint:
-            raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
-                             "use another --out folder or drop --resume")
-        leaves = [saved[f"leaf{i}"] for i in range(sum(name.startswith("leaf") for name in saved.files))]
-        _each(blocks, "restore", lambda block: ([x[block.chains.start:block.chains.stop] for x in leaves],))
-        done, wall = int(saved["done"]), float(saved["wall"])
-        for i in range(int(saved["num_chunks"])):
-            with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
-                pieces.append({name: z[name] for name in z.files})
-    chunk_dir.mkdir(parents=True, exist_ok=True)
-    return done, wall, pieces
+        with np.load(state_path) as z:
+            saved = {name: z[name] for name in z.files}
+        identity.check_resume(chunk_dir.parent, saved, run_id)
+        return saved
+    if not resume and not overwrite and any(chunk_dir.glob("*.npz")):
+        raise ValueError(f"{chunk_dir.parent} holds a run (chunks/); continue it with resume=True (--resume), or "
+                         "replace it with overwrite=True (--overwrite)")
+    return None
 
 
-def _save(chunk_dir: Path, pieces: list[dict], blocks, run_fingerprint: str, done: int, wall: float, fresh: bool):
-    """Write the last chunk and the checkpoint (the blocks' state); a fresh run's first chunk
-    first removes the folder's old files, so a run that fails before it leaves them."""
+def _restore(chunk_dir: Path, saved, blocks) -> tuple[int, float, list[dict]]:
+    """Rounds done, wall time and chunks of the checkpoint ``saved`` in ``chunk_dir``, with the blocks'
+    state restored; nothing done without one."""
+    if saved is None:
+        return 0, 0.0, []
+    leaves = [saved[f"leaf{i}"] for i in range(sum(name.startswith("leaf") for name in saved))]
+    _each(blocks, "restore", lambda block: ([x[block.chains.start:block.chains.stop] for x in leaves],))
+    pieces = []
+    for i in range(int(saved["num_chunks"])):
+        with np.load(chunk_dir / f"chunk_{i:06d}.npz") as z:
+            pieces.append({name: z[name] for name in z.files})
+    return int(saved["done"]), float(saved["wall"]), pieces
+
+
+def _save(chunk_dir: Path, pieces: list[dict], blocks, run_id: dict, done: int, wall: float, fresh: bool):
+    """Write the last chunk and the checkpoint (the blocks' state and the run's identity); a fresh
+    run's first chunk first removes the folder's old files, so a run that fails before it leaves them."""
     if fresh and len(pieces) == 1:
         for old in chunk_dir.iterdir():
             old.unlink()
     save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **pieces[-1])
     leaves = [np.concatenate(x) for x in zip(*_each(blocks, "state", lambda block: ()))]
-    save_npz(chunk_dir / "state.npz", fingerprint=np.asarray(run_fingerprint), done=np.asarray(done),
+    save_npz(chunk_dir / "state.npz", identity=identity.dumps(run_id), done=np.asarray(done),
              wall=np.asarray(wall), num_chunks=np.asarray(len(pieces)), **{f"leaf{i}": x for i, x in enumerate(leaves)})
 
 
 def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, num_iterations: int, *,
              num_chains: int = 1, burn_in: int = 0, thinning: int = 1, statistic: Callable | None = None,
              chunk_size: int | None = None, out_dir: str | os.PathLike | None = None, resume: bool = False,
-             progress: bool = False, description: str | None = None, workers: int | None = None,
+             overwrite: bool = False, settings: Mapping | None = None, progress: bool = False,
+             description: str | None = None, workers: int | None = None,
              devices: int | None = None) -> SimulationResult:
     """Run ``num_chains`` independent chains of a federated sampler for ``num_iterations`` rounds.
 
@@ -227,9 +241,18 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         Rounds per compiled chunk (a multiple of ``thinning``); default: at most 10,000, equal chunks
         when they can be (:func:`fedmcmc.core.checks.default_chunk`).
     out_dir
-        Where draws and checkpoints are written as the run goes (``out_dir/chunks``).
+        Where draws and checkpoints are written as the run goes (``out_dir/chunks``). A folder whose
+        ``chunks/`` holds a run is refused (ValueError) unless ``resume`` or ``overwrite``.
     resume
-        Continue a run killed after its last completed chunk in ``out_dir``.
+        Continue a run killed after its last completed chunk in ``out_dir``; refused, naming the
+        first part that differs, when that run is not this one (:mod:`fedmcmc.runtime.identity`:
+        ``settings``, the seed, counts and schedule, each client's data, ``theta0``, the sampler's
+        settings and model, ``statistic``).
+    overwrite
+        Replace the run in ``out_dir``: its chunks are removed as the first chunk of this run is written.
+    settings
+        What the caller built the run from (a parsed config), part of the run's identity and named
+        first when a resume is refused.
     progress
         Show a progress bar with the rate in rounds per second.
     workers
@@ -241,19 +264,22 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         of them on a GPU or TPU, one on CPU (more is refused). The samples do not depend on it.
     """
     theta0, chunk_size = _checked(sampler, data, theta0, num_iterations, num_chains, burn_in, thinning, chunk_size,
-                                  out_dir, resume)
+                                  out_dir, resume, overwrite)
+    chunk_dir, run_id, saved = None, None, None
+    if out_dir is not None:  # what the checkpoint records of the run, and the one it resumes
+        chunk_dir = Path(out_dir) / "chunks"
+        run_id = identity.identity(settings, seed=seed, num_chains=num_chains, num_iterations=num_iterations,
+                                   burn_in=burn_in, thinning=thinning, chunk_size=chunk_size, theta0=theta0,
+                                   data=identity.data_hash(data), sampler=sampler, statistic=statistic)
+        saved = _checkpoint(chunk_dir, resume, overwrite, run_id)
     lengths = sorted({(min(chunk_size, num_iterations - done) // thinning, thinning)
                       for done in range(0, num_iterations, chunk_size)})
     blocks = _start(seed, sampler, data, statistic, theta0, workers, devices, lengths)
     setup_bits = tuple(np.concatenate(parts) for parts in zip(*(block.setup_bits for block in blocks)))
     m = int(sampler.draws_per_round)
-    run_fingerprint = fingerprint(seed=seed, sampler=sampler.name, clients=data.num_clients, n=data.total,
-                               d=int(theta0.shape[1]), chains=num_chains, iterations=num_iterations,
-                               burn_in=burn_in, thinning=thinning, chunk=chunk_size,
-                               theta0=hashlib.sha256(theta0.tobytes()).hexdigest())
-
-    chunk_dir = None if out_dir is None else Path(out_dir) / "chunks"
-    done, wall, pieces = _restore(chunk_dir, resume, run_fingerprint, blocks)
+    done, wall, pieces = _restore(chunk_dir, saved, blocks)
+    if chunk_dir is not None:
+        chunk_dir.mkdir(parents=True, exist_ok=True)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -271,7 +297,7 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
                                 done, length, thinning, burn_in))
             done += length
             if chunk_dir is not None:
-                _save(chunk_dir, pieces, blocks, run_fingerprint, done, wall, fresh=not resume)
+                _save(chunk_dir, pieces, blocks, run_id, done, wall, fresh=not resume)
             if bar is not None:
                 bar.update(length)
     finally:

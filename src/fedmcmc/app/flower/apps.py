@@ -255,7 +255,7 @@ client_app = make_client_app()
 # --------------------------------------------------------------------------------------
 
 
-def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=None):
+def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=None, overwrite: bool = False):
     """``(runtime, transport)`` of a run: the nodes greeted, the server's side built. A ``[data]``
     run is built from what the nodes tell (:mod:`fedmcmc.app.flower.nodes`): the server opens no
     data file; it sends the nodes the run's inputs (their standardisation) before anything else."""
@@ -268,7 +268,7 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
             parsed, built = config_lib.from_text(text)
             return parsed, config_lib.with_start(parsed, built)
 
-        runtime = server.ServerRuntime(cfg_text, out, build, resume=resume)
+        runtime = server.ServerRuntime(cfg_text, out, build, resume=resume, overwrite=overwrite)
         return runtime, GridTransport(grid, runtime.b, runtime.flower)
     transport = GridTransport(grid, nodes.num_clients(cfg["data"]), flower_settings(cfg))
     summaries = [nodes.summary_from_json(transport.hellos[i]["summary"]) for i in range(transport.b)]
@@ -281,13 +281,14 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
     if missing:
         raise RuntimeError(f"client(s) {missing} did not take the run's inputs; see their SuperNodes' logs")
     built = config_lib.with_start(cfg, built, data_known=False)
-    return server.ServerRuntime(cfg_text, out, lambda _: (cfg, built), resume=resume), transport
+    return server.ServerRuntime(cfg_text, out, lambda _: (cfg, built), resume=resume, overwrite=overwrite), transport
 
 
-def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str, base_dir=None) -> dict:
+def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str, base_dir=None,
+               overwrite: bool = False) -> dict:
     """The ServerApp's work: run the rounds and write the output folder of ``fedmcmc run``."""
     started = time.perf_counter()
-    runtime, transport = start_server(grid, cfg_text, out, resume, base_dir)
+    runtime, transport = start_server(grid, cfg_text, out, resume, base_dir, overwrite)
     res = runtime.run(transport, progress=True)
     seconds = runtime.stats["round_seconds"]
     stats = {k: v for k, v in runtime.stats.items() if k != "round_seconds"}
@@ -312,7 +313,8 @@ def main(grid: Grid, context: Context) -> None:
     out = Path(str(rc["out"]))
     try:
         run_server(grid, str(rc["config"]), str(out), bool(rc.get("resume", False)),
-                   str(rc.get("engine", "deployment")), str(rc.get("data-dir", "")) or None)
+                   str(rc.get("engine", "deployment")), str(rc.get("data-dir", "")) or None,
+                   bool(rc.get("overwrite", False)))
         (out / "flower-done.txt").write_text("done\n")  # every output written, for the launchers
     except BaseException as err:
         out.mkdir(parents=True, exist_ok=True)

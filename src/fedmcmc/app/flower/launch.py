@@ -11,7 +11,8 @@ Both wait for the output folder and stop every process they started. The run's c
 in Flower's run config (:func:`run_config_file`); no node reads it from the server's disk.
 
 The output folder is that of ``fedmcmc run`` (``results.json``, ``posterior.nc``,
-``chunks/``) and resume with ``resume=True``.
+``chunks/``): a folder that holds a run takes a new one only with ``resume=True`` or
+``overwrite=True`` (:func:`fedmcmc.runtime.identity.claim`).
 """
 
 from __future__ import annotations
@@ -87,18 +88,26 @@ def data_paths(text: str, base_dir) -> dict[int, dict]:
     return {i: {"data-path": str((Path(base_dir) / f).absolute())} for i, f in enumerate(files)}
 
 
-def run_sim(config_path, out, clients: int | None = None, resume: bool = False) -> dict:
+def run_sim(config_path, out, clients: int | None = None, resume: bool = False, overwrite: bool = False) -> dict:
     """Run on Flower's simulation engine (``flwr run`` on a local SuperLink started with
     ``--simulation``, one virtual SuperNode per client); returns the ``results.json`` payload.
     The engine gives its virtual nodes no node config of ours: node i of a ``[data]`` run reads
     client i of the config's ``[data]`` (paths from the config's folder, the run config's ``data-dir``)."""
-    text = prepare_config(config_path, clients)
-    out = Path(out).absolute()
-    out.mkdir(parents=True, exist_ok=True)
+    text, out = prepare_config(config_path, clients), _claimed(out, resume, overwrite)
     cfg_path = out / "run.toml"
     cfg_path.write_text(text)
     with LocalDeployment(num_clients(text), out / "simulation", simulation=True) as dep:
         return dep.run(cfg_path, out, resume=resume, data_dir=Path(config_path).parent)
+
+
+def _claimed(out, resume: bool, overwrite: bool) -> Path:
+    """The output folder, absolute and made, once :func:`fedmcmc.runtime.identity.claim` lets the run use it."""
+    from fedmcmc.runtime import identity
+
+    out = Path(out).absolute()
+    identity.claim(out, resume, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def run_config_file(text: str, out: Path, resume: bool, engine: str, data_dir=None) -> Path:
@@ -350,12 +359,10 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def run_deploy(config_path, out, clients: int | None = None, resume: bool = False) -> dict:
+def run_deploy(config_path, out, clients: int | None = None, resume: bool = False, overwrite: bool = False) -> dict:
     """Run on a local deployment (SuperLink + one SuperNode per client on 127.0.0.1); with
     ``[data] files = [...]``, SuperNode i reads file i from its node config (``data-path``)."""
-    text = prepare_config(config_path, clients)
-    out = Path(out).absolute()
-    out.mkdir(parents=True, exist_ok=True)
+    text, out = prepare_config(config_path, clients), _claimed(out, resume, overwrite)
     cfg_path = out / "run.toml"
     cfg_path.write_text(text)
     folder = Path(config_path).parent

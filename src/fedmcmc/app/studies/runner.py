@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Protocol
 
-from fedmcmc.runtime import io
+from fedmcmc.runtime import identity, io
 from fedmcmc.runtime.simulator import simulate
 
 
@@ -30,11 +30,13 @@ class Run(NamedTuple):
     quick: bool
     progress: bool = True
     resume: bool = False
+    settings: dict | None = None
 
     def simulate(self, *args, folder: str | None, **kwargs):
         """:func:`fedmcmc.runtime.simulator.simulate` with this run's progress bar and resume, the
-        chunks and checkpoints in ``out/runs/folder`` (kept in memory only when ``folder`` is None)."""
-        return simulate(*args, progress=self.progress, resume=self.resume,
+        chunks and checkpoints in ``out/runs/folder`` (kept in memory only when ``folder`` is None);
+        the study's merged ``settings`` are part of each run's identity."""
+        return simulate(*args, progress=self.progress, resume=self.resume, settings=self.settings,
                         out_dir=None if folder is None else self.out / "runs" / folder, **kwargs)
 
     def write_posterior(self, path: str, results: Mapping, **attrs) -> Path:
@@ -79,11 +81,15 @@ def resolve(study: Study, quick: bool = False, seed: int | None = None, override
 
 
 def run_study(study: Study, out: str | Path, quick: bool = False, seed: int | None = None,
-              settings: dict | None = None, resume: bool = False, progress: bool = True) -> dict:
+              settings: dict | None = None, resume: bool = False, progress: bool = True,
+              overwrite: bool = False) -> dict:
     """Run ``study`` with its full or quick settings updated by ``settings`` and ``seed``; write
-    ``out/results.json``, ``out/posterior.nc`` and the figures; return what ``results.json`` holds."""
+    ``out/results.json``, ``out/posterior.nc`` and the figures; return what ``results.json`` holds.
+    A folder that holds a run takes this one only with ``resume`` (each simulation resumes its own,
+    refused if it is another's) or ``overwrite`` (:func:`fedmcmc.runtime.identity.claim`)."""
     cfg = resolve(study, quick, seed, settings)
-    run = Run(study.NAME, Path(out), quick, progress, resume)
+    identity.claim(out, resume, overwrite)
+    run = Run(study.NAME, Path(out), quick, progress, resume, {"study": study.NAME, "quick": quick, **cfg})
     started = time.perf_counter()
     found = study.science(cfg, run)
     payload = {"experiment": study.NAME, "quick": quick, "settings": found.settings, **found.results,

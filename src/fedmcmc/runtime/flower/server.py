@@ -41,10 +41,11 @@ from fedmcmc.compression import FixedPointMessage
 from fedmcmc.core import xla
 from fedmcmc.runtime.flower import secagg
 from fedmcmc.runtime import round as rnd
-from fedmcmc.runtime.flower.client import Build, ClientRuntime, config_hash
+from fedmcmc.runtime import identity
+from fedmcmc.runtime.flower.client import Build, ClientRuntime
 from fedmcmc.runtime.flower.settings import flower_settings
 from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, from_leaves, items, leaves
-from fedmcmc.runtime.records import assemble, check_finite, fingerprint, save_npz
+from fedmcmc.runtime.records import assemble, check_finite, save_npz
 from fedmcmc.runtime.round import chain_keys
 
 log = logging.getLogger("fedmcmc.runtime.flower")
@@ -73,10 +74,17 @@ class ServerRuntime:
     build
         ``build(cfg_text) -> (cfg, built)`` (:func:`fedmcmc.app.config.from_text`).
     resume
-        Continue a run whose server stopped, from its last completed chunk.
+        Continue a run whose server stopped, from its last completed chunk; refused, naming the
+        first setting that differs, when the checkpoint is another run's: the run's identity
+        (:mod:`fedmcmc.runtime.identity`) is the parsed config and the chunk size. The server
+        cannot see the nodes' data: a node whose data changed under the same config resumes
+        with it.
+    overwrite
+        Replace a run whose chunks are in ``out_dir``; without it (or ``resume``) such a folder is refused.
     """
 
-    def __init__(self, cfg_text: str, out_dir, build: Build, resume: bool = False, state_dir=None):
+    def __init__(self, cfg_text: str, out_dir, build: Build, resume: bool = False, state_dir=None,
+                 overwrite: bool = False):
         self.cfg_text = cfg_text
         self.cfg, self.built = build(cfg_text)
         self.flower = flower_settings(self.cfg)
@@ -86,7 +94,9 @@ class ServerRuntime:
         self.seed, self.C = int(r.get("seed", 0)), int(r["num_chains"])
         self.N, self.burn_in, self.thinning = int(r["num_iterations"]), int(r.get("burn_in", 0)), int(r.get("thinning", 1))
         self.chunk = int(r.get("chunk_size") or max(self.thinning, (min(self.N, 20) // self.thinning) * self.thinning))
-        self.out_dir, self.resume = Path(out_dir), resume
+        self.out_dir, self.resume, self.overwrite = Path(out_dir), resume, overwrite
+        if resume and overwrite:
+            raise ValueError("give resume (continue the run) or overwrite (replace it), not both")
         self.state_dir = str(state_dir if state_dir is not None else self.out_dir / "nodes")
         self.stats = {"rejected_uploads": 0, "missing_replies": 0, "wire_bits_mismatch": 0, "round_seconds": []}
         self.secure = self.flower["secure_aggregation"]
@@ -140,7 +150,7 @@ class ServerRuntime:
 
     def run(self, transport: Transport, progress: bool = False):
         """Run (or resume) the rounds; returns the :class:`~fedmcmc.SimulationResult`."""
-        run_fingerprint = fingerprint(runtime="flower", config=config_hash(self.cfg_text), chunk=self.chunk)
+        run_id = identity.identity(self.cfg, runtime="flower", chunk_size=self.chunk)
         chunk_dir = self.out_dir / "chunks"
         state_path = chunk_dir / "state.npz"
         pieces, done, wall = [], 0, 0.0
@@ -151,9 +161,7 @@ class ServerRuntime:
         clients = range(self.b)
         if self.resume and state_path.exists():
             with np.load(state_path) as z:
-                if str(z["fingerprint"]) != run_fingerprint:
-                    raise ValueError(f"cannot resume from {chunk_dir}: it holds a run with different settings; "
-                                     "use another --out folder or drop --resume")
+                identity.check_resume(self.out_dir, z, run_id)
                 done, wall = int(z["done"]), float(z["wall"])
                 server_state = jax.tree_util.tree_unflatten(ss_def, [jnp.asarray(z[f"ss{i}"]) for i in range(len(ss_leaves))])
                 broadcast = jax.tree_util.tree_unflatten(bc_def, [jnp.asarray(z[f"bc{i}"]) for i in range(len(bc_leaves))])
@@ -170,6 +178,9 @@ class ServerRuntime:
                 self._keys(transport)
         else:
             if chunk_dir.exists():
+                if not self.overwrite and any(chunk_dir.glob("*.npz")):
+                    raise ValueError(f"{self.out_dir} holds a run (chunks/); continue it with --resume, or replace "
+                                     "it with --overwrite")
                 for old in chunk_dir.iterdir():
                     old.unlink()
             chunk_dir.mkdir(parents=True, exist_ok=True)
@@ -205,7 +216,7 @@ class ServerRuntime:
             pieces.append(piece)
             done += length
             save_npz(chunk_dir / f"chunk_{len(pieces) - 1:06d}.npz", **piece)
-            save_npz(state_path, fingerprint=np.asarray(run_fingerprint), done=np.asarray(done), wall=np.asarray(wall),
+            save_npz(state_path, identity=identity.dumps(run_id), done=np.asarray(done), wall=np.asarray(wall),
                       num_chunks=np.asarray(len(pieces)), last_accepted=accepted, setup_up=setup_bits[0],
                       setup_down=setup_bits[1],
                       **{f"ss{i}": np.asarray(x) for i, x in enumerate(jax.tree_util.tree_leaves(server_state))},
