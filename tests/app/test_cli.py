@@ -191,3 +191,17 @@ def test_divergence_names_the_step_size_to_lower(tmp_path):
     cfg = write_config(tmp_path / "c.toml", sampler="qlsd#", step=5.0, compression='"none"', participation="1.0")
     proc = fedmcmc("run", cfg, "--out", tmp_path / "o", "--no-progress")
     assert_one_line_error(proc, "diverged", "lower the step size (now 5)", "2.5", code=3)
+
+
+@pytest.mark.parametrize("failure", ["worker process 1 exited (code -9); its error, if any, is printed above",
+                                     "worker 0 failed with RuntimeError: out of memory"])
+def test_a_worker_that_dies_or_fails_is_one_line_and_exit_code_3(tmp_path, monkeypatch, failure):
+    from fedmcmc.app import config
+    from fedmcmc.runtime.workers import WorkerError
+
+    def dies(*args, **kwargs):
+        raise WorkerError(failure)
+
+    monkeypatch.setattr(config, "run", dies)
+    proc = refused("run", write_config(tmp_path / "c.toml"), "--out", tmp_path / "o")
+    assert_one_line_error(proc, failure, "--resume", "--workers 1", code=3)

@@ -1,8 +1,10 @@
 """Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | predict RUN_DIR DATA.csv |
 example NAME DIR | flower sim|deploy CONFIG.toml | node-worker FOLDER | bench``.
 
-Bad input ends with one line on stderr that names the problem and the fix, and exit code 2;
-a run that diverges ends with exit code 3 and says which step size to lower.
+Exit codes: 0, finished; 2, input refused, with one line on stderr that names the problem and
+the fix; 3, the run failed before finishing (it diverged to NaN/inf, or a worker process died or
+failed), with one line on stderr that says what failed and what to do; 130, interrupted (a run
+continues with ``--resume``).
 """
 
 from __future__ import annotations
@@ -193,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"fedmcmc: error: {message}\n")
         return 2
     except WorkerError as err:
-        sys.stderr.write(f"fedmcmc: error: {err.args[0].splitlines()[0]}; rerun with --resume, or with --workers 1 "
+        sys.stderr.write(f"fedmcmc: error: {err}; rerun with --resume, or with --workers 1 "
                          "to run every chain in this process\n")
-        return 1
+        return 3
     except KeyboardInterrupt:
         sys.stderr.write("fedmcmc: interrupted; rerun with --resume to continue from the last chunk\n")
         return 130
