@@ -194,14 +194,14 @@ def laplace(covariance: str = "full", num_steps: int = 50, damping: float = 1e-3
     """Laplace surrogate: the expansion at the local mode, found by ``num_steps`` damped Newton
     steps from ``theta0``.
 
-    A step is ``theta <- theta + t V (|l| + damping)^{-1} V' grad`` (``V diag(l) V'`` the
-    negative Hessian: its eigenvalues taken by absolute value, so that the direction ascends
-    where the local log-density is not concave, as it is far from the mode of a model with a
-    noise scale), with ``t`` the first of ``1, 1/2, ..., 2^-max_halvings`` that does not lower
-    the log-density (no step if none does). Flooring the eigenvalues at ``damping`` instead
-    would divide by ``2 damping`` along a direction of negative curvature: from
-    ``theta0 = 0`` on a regression with an unknown noise scale and responses in the tens,
-    steps of hundreds, then NaN.
+    A step is ``theta <- theta + t V (max(|l|, damping) + damping)^{-1} V' grad``, with
+    ``V diag(l) V'`` the negative Hessian (its eigenvalues by absolute value, so that the step
+    ascends where the local log-density is not concave, as it is far from the mode of a model
+    with a noise scale) and ``t`` the first of ``1, 1/2, ..., 2^-max_halvings`` that does not
+    lower the log-density by more than float32 rounding (``1e-6 (1 + |log q|)``; no step if none
+    does). Flooring the eigenvalues at ``damping`` without the absolute value divides by
+    ``2 damping`` along a direction of negative curvature: from ``theta0 = 0`` on a regression
+    with an unknown noise scale and residuals in the tens, a first step of hundreds, then NaN.
     """
     covariance = _check_covariance(covariance)
 
@@ -210,10 +210,12 @@ def laplace(covariance: str = "full", num_steps: int = 50, damping: float = 1e-3
         log_density = local_log_density(model, client_data, share)
 
         def newton(_, theta):
-            value, g = jax.value_and_grad(log_density)(theta)
+            g = jax.grad(log_density)(theta)
             h = -jax.hessian(log_density)(theta)
             values, vectors = jnp.linalg.eigh(0.5 * (h + h.T))
-            step = vectors @ ((vectors.T @ g) / (jnp.abs(values) + damping))
+            step = vectors @ ((vectors.T @ g) / (jnp.maximum(jnp.abs(values), damping) + damping))
+            now = log_density(theta)
+            floor = now - 1e-6 * (1 + jnp.abs(now))  # what counts as not lower, in float32
 
             def halve(carry):
                 t, _ = carry
@@ -221,10 +223,10 @@ def laplace(covariance: str = "full", num_steps: int = 50, damping: float = 1e-3
 
             def lower(carry):  # a NaN is lower too
                 t, new = carry
-                return ~(new >= value) & (t > 2.0 ** -max_halvings)
+                return ~(new >= floor) & (t > 2.0 ** -max_halvings)
 
             t, new = jax.lax.while_loop(lower, halve, (jnp.ones((), theta.dtype), log_density(theta + step)))
-            return jnp.where(new >= value, theta + t * step, theta)
+            return jnp.where(new >= floor, theta + t * step, theta)
 
         mode = jax.lax.fori_loop(0, num_steps, newton, theta0)
         return _expansion(log_density, mode, covariance, min_precision)
