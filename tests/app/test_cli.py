@@ -190,7 +190,22 @@ def test_unknown_experiment_and_bad_overrides():
 def test_divergence_names_the_step_size_to_lower(tmp_path):
     cfg = write_config(tmp_path / "c.toml", sampler="qlsd#", step=5.0, compression='"none"', participation="1.0")
     proc = fedmcmc("run", cfg, "--out", tmp_path / "o", "--no-progress")
-    assert_one_line_error(proc, "diverged", "lower the step size (now 5)", "2.5", code=3)
+    assert_one_line_error(proc, "diverged", "lower the step size (now 5)", "2.5", 'step_size = "auto"', code=3)
+
+
+def test_divergence_after_an_auto_step_names_a_smaller_one_from_its_curvature(tmp_path, monkeypatch):
+    from fedmcmc.runtime import simulator
+    from fedmcmc.runtime.records import DivergenceError
+
+    def diverges(*args, **kwargs):
+        raise DivergenceError(7, [0])
+
+    monkeypatch.setattr(simulator, "simulate", diverges)
+    cfg = write_config(tmp_path / "c.toml", sampler="qlsd#", step='"auto"', compression='"none"', participation="1.0")
+    proc = refused("run", cfg, "--out", tmp_path / "o", "--no-progress", "--workers", "1")
+    step = float(proc.stdout.split("step_size = auto: ")[1].split()[0])
+    lam = proc.stdout.split("lambda_max = ")[1].split()[0]
+    assert_one_line_error(proc, "by iteration 7", f"lambda_max = {lam}", f"e.g. step_size = {step / 2:.3g}", code=3)
 
 
 @pytest.mark.parametrize("failure", ["worker process 1 exited (code -9); its error, if any, is printed above",

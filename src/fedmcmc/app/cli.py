@@ -180,15 +180,15 @@ def main(argv: list[str] | None = None) -> int:
         one_thread_xla()
         if args.command != "node-worker":  # a node keeps its client programs in programs/ (app/flower/apps.py)
             keep_compiled_programs()  # in the user's cache folder, unless JAX has one
-    from fedmcmc.runtime.records import DivergenceError
+    from fedmcmc.runtime.records import DivergenceError, step_advice
     from fedmcmc.runtime.workers import WorkerError
 
     try:
         return _main(args)
     except DivergenceError as err:
-        step = _step_size_hint(args)
-        hint = f": lower the step size (now {step:g}), e.g. to {step / 2:g}" if step else ": lower the step size"
-        sys.stderr.write(f"fedmcmc: error: the run diverged (NaN/inf) by iteration {err.iteration}{hint}\n")
+        step = err.step or {"value": _given_step(args), "rule": "given"}
+        sys.stderr.write(f"fedmcmc: error: the run diverged (NaN/inf) by iteration {err.iteration}: "
+                         f"{step_advice(step)}\n")
         return 3
     except (ValueError, FileNotFoundError, KeyError) as err:
         message = err.args[0] if err.args else repr(err)
@@ -211,7 +211,8 @@ def _accuracy(payload: dict) -> str:
             f"variance ratio {payload['posterior_variance_ratio']:.3g}")
 
 
-def _step_size_hint(args):
+def _given_step(args):
+    """The step size the config or study sets, if a number (None otherwise)."""
     try:
         if args.command in ("run", "flower"):
             from fedmcmc.app import config

@@ -335,6 +335,7 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     config or its data are refused."""
     from fedmcmc.app import step as auto
     from fedmcmc.runtime import devices
+    from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.runtime.simulator import simulate
     path, out = Path(path), Path(out)
     cfg = load(path)
@@ -348,10 +349,13 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     devices.placement(r.get("devices"), r["num_chains"])  # refused before anything is written
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(path.read_text())
-    res = simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim), r["num_iterations"],
-                   num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
-                   chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress,
-                   devices=r.get("devices"))
+    try:
+        res = simulate(r.get("seed", 0), built.sampler, built.data, np.zeros(built.model.dim), r["num_iterations"],
+                       num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
+                       chunk_size=r.get("chunk_size"), out_dir=Path(out), resume=resume, progress=progress,
+                       devices=r.get("devices"))
+    except DivergenceError as err:  # with the run's step, for the advice
+        raise DivergenceError(err.iteration, err.chains, built.step) from None
     return report(cfg, built, res, out, started)
 
 
