@@ -103,6 +103,23 @@ def test_run_writes_inference_data_json_and_plots(tmp_path):
     assert (tmp_path / "out" / "trace.png").stat().st_size > 1000
 
 
+def test_the_draws_stored_are_counted_where_the_draws_are(tmp_path):
+    """``[run] max_stored_draws`` thins posterior.nc evenly; the printed line, results.json and
+    posterior.nc agree on both counts."""
+    import arviz
+
+    cfg = write_config(tmp_path / "c.toml", iterations=400, burn_in=200, chunk=200)
+    cfg.write_text(cfg.read_text() + "max_stored_draws = 15\n")
+    proc = refused("run", cfg, "--out", tmp_path / "out", "--no-progress", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert (results["num_draws"], results["num_stored_draws"], results["stored_every"]) == (40, 13, 3)
+    assert "; 13 draws per chain stored in posterior.nc (every 3rd; [run] max_stored_draws)" in proc.stdout
+    assert arviz.from_netcdf(tmp_path / "out" / "posterior.nc").posterior["theta"].shape == (4, 13, 4)
+    cfg.write_text(cfg.read_text().replace("max_stored_draws = 15", "max_stored_draws = -1"))
+    assert_one_line_error(refused("run", cfg, "--out", tmp_path / "never"), "max_stored_draws must be an integer >= 0")
+
+
 def test_run_keeps_its_compiled_programs_in_the_users_cache_folder(tmp_path):
     """With no compilation cache set for JAX, the command line keeps its programs in the user's
     cache folder (``FEDMCMC_CACHE``, then ``xla/``), bounded in size: the same run again, into

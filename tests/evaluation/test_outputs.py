@@ -161,6 +161,7 @@ def test_warnings_fire_on_unmixed_chains_and_not_on_mixed_ones(tmp_path, breast_
     summary = write_outputs(tmp_path, result_of(np.repeat(stuck[..., :1], 30, axis=-1).astype(np.float32)), model,
                             echo=lines.append)
     assert summary["warnings"] and lines == [f"fedmcmc: warning: {w}" for w in summary["warnings"]]
+    assert summary["num_draws"] == summary["num_stored_draws"] == 500
 
 
 def test_a_models_layout_names_the_posterior_and_reads_back():

@@ -204,11 +204,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _accuracy(payload: dict) -> str:
-    """The run's errors against the exact posterior (a ``[problem]``), else its draw count."""
+    """The run's errors against the exact posterior (a ``[problem]``), else its draw count; and
+    how many draws ``posterior.nc`` stores when it stores fewer."""
     if "posterior_mean_error" not in payload:
-        return f"{payload['num_draws']} draws per chain"
-    return (f"posterior mean error {payload['posterior_mean_error']:.3g}, "
-            f"variance ratio {payload['posterior_variance_ratio']:.3g}")
+        line = f"{payload['num_draws']} draws per chain"
+    else:
+        line = (f"posterior mean error {payload['posterior_mean_error']:.3g}, "
+                f"variance ratio {payload['posterior_variance_ratio']:.3g}")
+    every = payload["stored_every"]
+    if every == 1:
+        return line
+    stored = (f", {payload['num_stored_draws']} stored" if "posterior_mean_error" not in payload
+              else f"; {payload['num_stored_draws']} draws per chain stored")
+    return line + f"{stored} in posterior.nc (every {_ordinal(every)}; [run] max_stored_draws)"
+
+
+def _ordinal(n: int) -> str:
+    """``2nd``, ``3rd``, ``4th``, ``11th``, ``21st``, ..."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _given_step(args):

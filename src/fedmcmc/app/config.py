@@ -21,6 +21,8 @@ and ``[run]``. Relative file paths are relative to the config file's folder. Exa
     num_chains = 4
     num_iterations = 20000            # burn_in = 10000, thinning = 10 and chunk_size are optional
                                       # devices = 2: local GPUs to spread the chains over (default all)
+                                      # max_stored_draws = 2000: draws per chain in posterior.nc,
+                                      # thinned evenly (the default; 0: all)
 
 Both sections are registries. A ``[problem]`` may set its builder's keyword arguments
 (:func:`fedmcmc.app.problems.settings`). A ``[sampler]`` may set its builder's arguments
@@ -50,7 +52,7 @@ from fedmcmc.runtime.flower import settings
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 
-_RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices"}
+_RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices", "max_stored_draws"}
 #: Optional sections: the Flower runtime's (docs/flower.md; ignored by ``fedmcmc run``), privacy (app/privacy.py).
 _OPTIONAL = {"flower": set(settings.DEFAULTS), "privacy": privacy.KEYS}
 
@@ -329,6 +331,17 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Buil
                  record)
 
 
+def max_stored_draws(cfg: dict) -> int:
+    """``[run] max_stored_draws``: the most draws per chain that ``posterior.nc`` stores, thinned
+    evenly (:data:`fedmcmc.runtime.io.MAX_STORED_DRAWS` if unset; 0 stores every draw)."""
+    from fedmcmc.runtime import io
+
+    value = cfg["run"].get("max_stored_draws", io.MAX_STORED_DRAWS)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"[run] max_stored_draws must be an integer >= 0 (0 stores every draw; got {value!r})")
+    return value
+
+
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
     """Run a config file with the simulator into ``out``: ``config.toml`` (the text as given),
     the chunks as they finish, then :func:`report`'s outputs. Nothing is written when the
@@ -347,6 +360,7 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1),
                           r.get("chunk_size"))
     devices.placement(r.get("devices"), r["num_chains"])  # refused before anything is written
+    max_stored_draws(cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(path.read_text())
     try:
@@ -368,13 +382,16 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     from fedmcmc.evaluation import diagnostics
     from fedmcmc.runtime import io
 
-    exact = built.exact
+    exact, keep = built.exact, max_stored_draws(cfg)
+    every = io.stride(res.samples.shape[1], keep)
     mean = res.samples.mean(axis=(0, 1))
     var = res.samples.var(axis=(0, 1))
     payload = {
         "config": cfg,
         "sampler": built.sampler.name,
         "num_draws": int(res.samples.shape[1]),
+        "num_stored_draws": int(res.samples.shape[1]) // every,
+        "stored_every": every,
         "inputs": None if built.inputs is None else built.inputs._asdict(),
         **({} if exact is None else {
             "posterior_mean_error": float(np.linalg.norm(mean - exact.mean)),
@@ -397,7 +414,7 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     out = Path(out)
     io.write_json(out / "results.json", privacy.released(built.privacy, payload))
     if built.inputs is None:
-        outputs.write_problem_run(out, cfg, built, res)
+        outputs.write_problem_run(out, cfg, built, res, keep)
     else:
-        payload["summary"] = outputs.write_run(out, cfg, built, res)
+        payload["summary"] = outputs.write_run(out, cfg, built, res, keep)
     return payload
