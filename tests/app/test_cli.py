@@ -105,6 +105,23 @@ def test_run_writes_inference_data_json_and_plots(tmp_path):
     assert (tmp_path / "out" / "trace.png").stat().st_size > 1000
 
 
+def test_the_draws_stored_are_counted_where_the_draws_are(tmp_path):
+    """``[run] max_stored_draws`` thins posterior.nc evenly; the printed line, results.json and
+    posterior.nc agree on both counts."""
+    import arviz
+
+    cfg = write_config(tmp_path / "c.toml", iterations=400, burn_in=200, chunk=200)
+    cfg.write_text(cfg.read_text() + "max_stored_draws = 15\n")
+    proc = refused("run", cfg, "--out", tmp_path / "out", "--no-progress", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert (results["num_draws"], results["num_stored_draws"], results["stored_every"]) == (40, 13, 3)
+    assert "; 13 draws per chain stored in posterior.nc (every 3rd; [run] max_stored_draws)" in proc.stdout
+    assert arviz.from_netcdf(tmp_path / "out" / "posterior.nc").posterior["theta"].shape == (4, 13, 4)
+    cfg.write_text(cfg.read_text().replace("max_stored_draws = 15", "max_stored_draws = -1"))
+    assert_one_line_error(refused("run", cfg, "--out", tmp_path / "never"), "max_stored_draws must be an integer >= 0")
+
+
 def test_run_keeps_its_compiled_programs_in_the_users_cache_folder(tmp_path):
     """With no compilation cache set for JAX, the command line keeps its programs in the user's
     cache folder (``FEDMCMC_CACHE``, then ``xla/``), bounded in size: the same run again, into
@@ -237,4 +254,33 @@ def test_unknown_experiment_and_bad_overrides():
 def test_divergence_names_the_step_size_to_lower(tmp_path):
     cfg = write_config(tmp_path / "c.toml", sampler="qlsd#", step=5.0, compression='"none"', participation="1.0")
     proc = fedmcmc("run", cfg, "--out", tmp_path / "o", "--no-progress")
-    assert_one_line_error(proc, "diverged", "lower the step size (now 5)", "2.5", code=3)
+    assert_one_line_error(proc, "diverged", "lower the step size (now 5)", "2.5", 'step_size = "auto"', code=3)
+
+
+def test_divergence_after_an_auto_step_names_a_smaller_one_from_its_curvature(tmp_path, monkeypatch):
+    from fedmcmc.runtime import simulator
+    from fedmcmc.runtime.records import DivergenceError
+
+    def diverges(*args, **kwargs):
+        raise DivergenceError(7, [0])
+
+    monkeypatch.setattr(simulator, "simulate", diverges)
+    cfg = write_config(tmp_path / "c.toml", sampler="qlsd#", step='"auto"', compression='"none"', participation="1.0")
+    proc = refused("run", cfg, "--out", tmp_path / "o", "--no-progress", "--workers", "1")
+    step = float(proc.stdout.split("step_size = auto: ")[1].split()[0])
+    lam = proc.stdout.split("lambda_max = ")[1].split()[0]
+    assert_one_line_error(proc, "by iteration 7", f"lambda_max = {lam}", f"e.g. step_size = {step / 2:.3g}", code=3)
+
+
+@pytest.mark.parametrize("failure", ["worker process 1 exited (code -9); its error, if any, is printed above",
+                                     "worker 0 failed with RuntimeError: out of memory"])
+def test_a_worker_that_dies_or_fails_is_one_line_and_exit_code_3(tmp_path, monkeypatch, failure):
+    from fedmcmc.app import config
+    from fedmcmc.runtime.workers import WorkerError
+
+    def dies(*args, **kwargs):
+        raise WorkerError(failure)
+
+    monkeypatch.setattr(config, "run", dies)
+    proc = refused("run", write_config(tmp_path / "c.toml"), "--out", tmp_path / "o")
+    assert_one_line_error(proc, failure, "--resume", "--workers 1", code=3)

@@ -197,3 +197,21 @@ def test_predict_of_the_regression_models_matches_their_likelihoods():
     # the log-likelihood is largest at y = the predictive mean
     ll = jax.vmap(lin.log_likelihood, (None, 0))
     assert np.all(np.asarray(ll(theta, (x, jnp.asarray(mean)))) > np.asarray(ll(theta, (x, jnp.asarray(mean) + 0.1))))
+
+
+def test_a_data_point_that_is_not_finite_is_named():
+    clients = [np.ones((3, 2)), np.ones((4, 2))]
+    clients[1][2, 1] = np.inf
+    with pytest.raises(ValueError, match=r"client 1: data point 2 holds NaN or inf"):
+        from_clients(clients)
+    with pytest.raises(ValueError, match=r"client 0: data point 0 holds NaN or inf \(as float32\)"):
+        from_clients([(np.full((2, 1), 1e39), np.zeros(2, np.int32))])  # too large for float32
+
+
+def test_a_mode_search_that_reaches_nan_says_so():
+    import fedmcmc
+    import jax.numpy as jnp
+
+    model = fedmcmc.Model(lambda theta, x: jnp.sum(theta * x) - jnp.sqrt(theta[0]), lambda theta: 0.0, 2)  # grad inf at 0
+    with pytest.raises(ValueError, match="federated mode .* reached NaN or inf"):
+        gradients.find_mode(model, from_clients([np.ones((3, 2)), -np.ones((2, 2))]))

@@ -148,6 +148,12 @@ def test_warnings_fire_on_unmixed_chains_and_not_on_mixed_ones(tmp_path, breast_
     stuck[1] += 3.0  # two chains in different places: R-hat far above 1.01
     report = ev.convergence(stuck)
     assert report["warnings"][0].startswith("R-hat > 1.01 (or undefined) for 2 of 2 parameters (worst x[")
+    assert report["warnings"][0].endswith("the chains disagree; run more iterations, more burn-in or a smaller step "
+                                          "size")
+    slow = np.cumsum(1e-3 * np.random.default_rng(2).standard_normal((2, 500, 2)), axis=1)
+    slow[1] += 3.0
+    advice = ev.convergence(slow)["warnings"][0]  # chains that barely move: a smaller step cannot help
+    assert "barely moved" in advice and 'step_size = "auto"' in advice and "smaller step" not in advice
     few = ev.convergence(rng.standard_normal((2, 50, 2)))  # about 100 effective draws
     assert [w[:14] for w in few["warnings"]] == ["bulk ESS < 400"]
     model = breast_cancer[0]
@@ -155,6 +161,7 @@ def test_warnings_fire_on_unmixed_chains_and_not_on_mixed_ones(tmp_path, breast_
     summary = write_outputs(tmp_path, result_of(np.repeat(stuck[..., :1], 30, axis=-1).astype(np.float32)), model,
                             echo=lines.append)
     assert summary["warnings"] and lines == [f"fedmcmc: warning: {w}" for w in summary["warnings"]]
+    assert summary["num_draws"] == summary["num_stored_draws"] == 500
 
 
 def test_a_models_layout_names_the_posterior_and_reads_back():

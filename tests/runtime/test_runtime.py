@@ -164,6 +164,24 @@ def test_worker_errors_reach_the_caller(problem):
     assert res.samples.shape == (4, 4, model.dim)
 
 
+def test_pinning_passes_over_a_thread_that_has_exited():
+    """A worker pins the threads listed in /proc/self/task; one that exits before its turn is
+    gone, and pinning it is no error. A live thread is pinned."""
+    import threading
+
+    cores = os.sched_getaffinity(0)
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    workers.pin(thread.native_id, min(cores))
+    helper = threading.Thread(target=lambda: (workers.pin(threading.get_native_id(), min(cores)),
+                                              pinned.append(os.sched_getaffinity(0))))
+    pinned = []
+    helper.start()
+    helper.join()
+    assert pinned == [{min(cores)}] and os.sched_getaffinity(0) == cores
+
+
 SHARED = """
 import os
 import numpy as np, fedmcmc

@@ -1,10 +1,11 @@
 """Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | predict RUN_DIR DATA.csv |
 example NAME DIR | flower sim|deploy CONFIG.toml | node-worker FOLDER | bench``.
 
-Bad input ends with one line on stderr that names the problem and the fix, and exit code 2;
-a run that diverges ends with exit code 3 and says which step size to lower; a run whose draws
-fail the posterior check (:mod:`fedmcmc.app.posterior`) writes its outputs, marked, says why
-on stderr and ends with exit code 4.
+Exit codes: 0, finished; 2, input refused, with one line on stderr that names the problem and
+the fix; 3, the run failed before finishing (it diverged to NaN/inf, or a worker process died or
+failed), with one line on stderr that says what failed and what to do; 4, the run finished and
+wrote its outputs, marked, but its draws failed the posterior check (:mod:`fedmcmc.app.posterior`),
+which says why on stderr; 130, interrupted (a run continues with ``--resume``).
 """
 
 from __future__ import annotations
@@ -188,24 +189,24 @@ def main(argv: list[str] | None = None) -> int:
         one_thread_xla()
         if args.command != "node-worker":  # a node keeps its client programs in programs/ (app/flower/apps.py)
             keep_compiled_programs()  # in the user's cache folder, unless JAX has one
-    from fedmcmc.runtime.records import DivergenceError
+    from fedmcmc.runtime.records import DivergenceError, step_advice
     from fedmcmc.runtime.workers import WorkerError
 
     try:
         return _main(args)
     except DivergenceError as err:
-        step = _step_size_hint(args)
-        hint = f": lower the step size (now {step:g}), e.g. to {step / 2:g}" if step else ": lower the step size"
-        sys.stderr.write(f"fedmcmc: error: the run diverged (NaN/inf) by iteration {err.iteration}{hint}\n")
+        step = err.step or {"value": _given_step(args), "rule": "given"}
+        sys.stderr.write(f"fedmcmc: error: the run diverged (NaN/inf) by iteration {err.iteration}: "
+                         f"{step_advice(step)}\n")
         return 3
     except (ValueError, FileNotFoundError, KeyError) as err:
         message = err.args[0] if err.args else repr(err)
         sys.stderr.write(f"fedmcmc: error: {message}\n")
         return 2
     except WorkerError as err:
-        sys.stderr.write(f"fedmcmc: error: {err.args[0].splitlines()[0]}; rerun with --resume, or with --workers 1 "
+        sys.stderr.write(f"fedmcmc: error: {err}; rerun with --resume, or with --workers 1 "
                          "to run every chain in this process\n")
-        return 1
+        return 3
     except KeyboardInterrupt:
         sys.stderr.write("fedmcmc: interrupted; rerun with --resume to continue from the last chunk\n")
         return 130
@@ -217,14 +218,29 @@ def _verdict(payload: dict) -> int:
 
 
 def _accuracy(payload: dict) -> str:
-    """The run's errors against the exact posterior (a ``[problem]``), else its draw count."""
+    """The run's errors against the exact posterior (a ``[problem]``), else its draw count; and
+    how many draws ``posterior.nc`` stores when it stores fewer."""
     if "posterior_mean_error" not in payload:
-        return f"{payload['num_draws']} draws per chain"
-    return (f"posterior mean error {payload['posterior_mean_error']:.3g}, "
-            f"variance ratio {payload['posterior_variance_ratio']:.3g}")
+        line = f"{payload['num_draws']} draws per chain"
+    else:
+        line = (f"posterior mean error {payload['posterior_mean_error']:.3g}, "
+                f"variance ratio {payload['posterior_variance_ratio']:.3g}")
+    every = payload["stored_every"]
+    if every == 1:
+        return line
+    stored = (f", {payload['num_stored_draws']} stored" if "posterior_mean_error" not in payload
+              else f"; {payload['num_stored_draws']} draws per chain stored")
+    return line + f"{stored} in posterior.nc (every {_ordinal(every)}; [run] max_stored_draws)"
 
 
-def _step_size_hint(args):
+def _ordinal(n: int) -> str:
+    """``2nd``, ``3rd``, ``4th``, ``11th``, ``21st``, ..."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _given_step(args):
+    """The step size the config or study sets, if a number (None otherwise)."""
     try:
         if args.command in ("run", "flower"):
             from fedmcmc.app import config

@@ -21,6 +21,8 @@ and ``[run]``. Relative file paths are relative to the config file's folder. Exa
     num_chains = 4
     num_iterations = 20000            # burn_in = 10000, thinning = 10 and chunk_size are optional
                                       # devices = 2: local GPUs to spread the chains over (default all)
+                                      # max_stored_draws = 2000: draws per chain in posterior.nc,
+                                      # thinned evenly (the default; 0: all)
 
 Both sections are registries. A ``[problem]`` may set its builder's keyword arguments
 (:func:`fedmcmc.app.problems.settings`). A ``[sampler]`` may set its builder's arguments
@@ -52,7 +54,7 @@ from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices", "init",
-        "posterior_check"}
+        "posterior_check", "max_stored_draws"}
 #: Optional sections: the Flower runtime's (docs/flower.md; ignored by ``fedmcmc run``), privacy (app/privacy.py).
 _OPTIONAL = {"flower": set(settings.DEFAULTS), "privacy": privacy.KEYS}
 
@@ -355,6 +357,17 @@ def identity(cfg: dict) -> dict:
             "run": {k: v for k, v in cfg["run"].items() if k not in ("devices", "posterior_check")}}
 
 
+def max_stored_draws(cfg: dict) -> int:
+    """``[run] max_stored_draws``: the most draws per chain that ``posterior.nc`` stores, thinned
+    evenly (:data:`fedmcmc.runtime.io.MAX_STORED_DRAWS` if unset; 0 stores every draw)."""
+    from fedmcmc.runtime import io
+
+    value = cfg["run"].get("max_stored_draws", io.MAX_STORED_DRAWS)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"[run] max_stored_draws must be an integer >= 0 (0 stores every draw; got {value!r})")
+    return value
+
+
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True,
         overwrite: bool = False) -> dict:
     """Run a config file with the simulator into ``out``: ``config.toml`` (the text as given),
@@ -364,6 +377,7 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     naming the first setting that differs."""
     from fedmcmc.app import step as auto
     from fedmcmc.runtime import devices, identity as run_identity
+    from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.runtime.simulator import simulate
     path, out = Path(path), Path(out)
     cfg = load(path)
@@ -375,15 +389,19 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1),
                           r.get("chunk_size"))
     devices.placement(r.get("devices"), r["num_chains"])  # refused before anything is written
+    max_stored_draws(cfg)
     built = with_start(cfg, built)
     run_identity.claim(out, resume, overwrite)
     if not resume:  # a resumed run's, once its checkpoint is found to be this run's
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.toml").write_text(path.read_text())
-    res = simulate(r.get("seed", 0), built.sampler, built.data, built.start, r["num_iterations"],
-                   num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
-                   chunk_size=r.get("chunk_size"), out_dir=out, resume=resume, overwrite=overwrite,
-                   settings=identity(cfg), progress=progress, devices=r.get("devices"))
+    try:
+        res = simulate(r.get("seed", 0), built.sampler, built.data, built.start, r["num_iterations"],
+                       num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
+                       chunk_size=r.get("chunk_size"), out_dir=out, resume=resume, overwrite=overwrite,
+                       settings=identity(cfg), progress=progress, devices=r.get("devices"))
+    except DivergenceError as err:  # with the run's step, for the advice
+        raise DivergenceError(err.iteration, err.chains, built.step) from None
     if resume:
         (out / "config.toml").write_text(path.read_text())
     return report(cfg, built, res, out, started)
@@ -398,7 +416,8 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     from fedmcmc.evaluation import diagnostics
     from fedmcmc.runtime import io
 
-    exact = built.exact
+    exact, keep = built.exact, max_stored_draws(cfg)
+    every = io.stride(res.samples.shape[1], keep)
     approx, laplace = built.laplace or (None, {"available": False, "why": "not computed by this runtime"})
     names = None if built.inputs is None else outputs.parameter_names(built.model, built.inputs.feature_names)
     checked = posterior.check(res.samples, approx, laplace, names)
@@ -408,6 +427,8 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
         "config": cfg,
         "sampler": built.sampler.name,
         "num_draws": int(res.samples.shape[1]),
+        "num_stored_draws": int(res.samples.shape[1]) // every,
+        "stored_every": every,
         "inputs": None if built.inputs is None else built.inputs._asdict(),
         **({} if exact is None else {
             "posterior_mean_error": float(np.linalg.norm(mean - exact.mean)),
@@ -433,9 +454,9 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     out = Path(out)
     io.write_json(out / "results.json", privacy.released(built.privacy, payload))
     if built.inputs is None:
-        outputs.write_problem_run(out, cfg, built, res, checked)
+        outputs.write_problem_run(out, cfg, built, res, keep, checked)
     else:
-        payload["summary"] = outputs.write_run(out, cfg, built, res, checked)
+        payload["summary"] = outputs.write_run(out, cfg, built, res, keep, checked)
     line = posterior.message(checked) if "flagged" in checked else None
     if line:
         sys.stderr.write(f"fedmcmc: warning: {line}\n")

@@ -79,7 +79,7 @@ def bits(result: SimulationResult) -> dict:
 
 def write_outputs(out, result: SimulationResult, model, *, label: str = "run", tests: Sequence[tuple] | None = None,
                   task: str | None = None, feature_names: Sequence[str] | None = None,
-                  settings: Mapping | None = None, step_size: float | None = None, max_draws: int = 2000,
+                  settings: Mapping | None = None, step_size: float | None = None, max_draws: int | None = io.MAX_STORED_DRAWS,
                   num_bins: int = 15, level: float = 0.94, echo: Callable[[str], None] | None = None,
                   draws_only: bool = False, posterior_check: Mapping | None = None) -> dict:
     """Write ``posterior.nc``, ``summary.json`` and the plots of a run into ``out`` (module docstring).
@@ -99,7 +99,7 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
         Names of the features (:func:`parameter_names`), the run's settings (attributes of the
         InferenceData and ``summary.json["settings"]``), its step size.
     max_draws, num_bins, level
-        Draws stored per chain, bins of the ECE and reliability diagram, level of the regression interval.
+        Draws stored per chain (at most; 0 or None: all), bins of the ECE and reliability diagram, level of the regression interval.
     echo
         Where the warnings are printed (default: standard error).
     draws_only
@@ -119,11 +119,13 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
         raise ValueError(f"task must be one of {TASKS} to report on held-out points (got {task!r})")
     draws = io.stored_draws(result, max_draws)
     held = None if not tests else held_out(model, draws, tests)
-    idata = io.to_inference_data({label: result}, {**(settings or {}), **_verdict(posterior_check)}, max_draws, step_size=step_size, layout=model.layout,
-                                 names=parameter_names(model, feature_names), held_out=held)
+    idata = io.to_inference_data({label: result}, {**(settings or {}), **_verdict(posterior_check)}, max_draws,
+                                 step_size=step_size, layout=model.layout, names=parameter_names(model, feature_names),
+                                 held_out=held)
     conv = diagnostics.convergence(idata)
     metrics, probs = (None, None) if not tests else predictive(model, draws, tests, task, num_bins, level)
-    summary = {"sampler": label, "num_chains": int(draws.shape[0]), "num_stored_draws": int(draws.shape[1]),
+    summary = {"sampler": label, "num_chains": int(draws.shape[0]), "num_draws": int(result.samples.shape[1]),
+               "num_stored_draws": int(draws.shape[1]),
                "warnings": conv["warnings"], "convergence": conv, "predictive": metrics,
                **({} if posterior_check is None else {"posterior_check": posterior_check}),
                **({} if draws_only else {"bits": bits(result)}), "step_size": step_size, "settings": dict(settings or {})}
@@ -149,7 +151,8 @@ def _verdict(posterior_check: Mapping | None) -> dict:
     return {"posterior_check_passed": {True: 1, False: 0, None: -1}[posterior_check["passed"]]}
 
 
-def write_run(out, cfg: dict, built, result: SimulationResult, posterior_check: Mapping | None = None,
+def write_run(out, cfg: dict, built, result: SimulationResult, max_draws: int | None = io.MAX_STORED_DRAWS,
+              posterior_check: Mapping | None = None,
               echo: Callable[[str], None] | None = None) -> dict:
     """:func:`write_outputs` for a run of ``[data]`` + ``[model]``, from what
     :func:`fedmcmc.app.config.build` returns (its ``model``, ``sampler``, ``tests``, ``inputs``
@@ -159,18 +162,19 @@ def write_run(out, cfg: dict, built, result: SimulationResult, posterior_check: 
     draws_only = privacy.draws_only(built.privacy)
     return write_outputs(out, result, built.model, label=built.sampler.name, tests=None if draws_only else built.tests,
                          task=inputs.task, feature_names=inputs.feature_names, draws_only=draws_only,
-                         step_size=step if np.ndim(step) == 0 else None, echo=echo,
+                         step_size=step if np.ndim(step) == 0 else None, max_draws=max_draws, echo=echo,
                          posterior_check=None if draws_only else posterior_check,
                          settings=privacy.released(built.privacy, {"config": cfg, "inputs": inputs._asdict(),
                                                                    "step": built.step, **privacy.attrs(built.privacy)}))
 
 
-def write_problem_run(out, cfg: dict, built, result: SimulationResult, posterior_check: Mapping | None = None) -> None:
+def write_problem_run(out, cfg: dict, built, result: SimulationResult,
+                      max_draws: int | None = io.MAX_STORED_DRAWS, posterior_check: Mapping | None = None) -> None:
     """``posterior.nc`` and ``trace.png`` (against the exact posterior) of a ``[problem]`` run;
     under ``[privacy] release = "draws"`` the posterior group alone, and no exact posterior."""
     attrs = privacy.released(built.privacy, {"config": cfg, **privacy.attrs(built.privacy),
                                              **_verdict(posterior_check)})
-    idata = io.to_inference_data({built.sampler.name: result}, attrs, 2000)
+    idata = io.to_inference_data({built.sampler.name: result}, attrs, max_draws)
     draws_only = privacy.draws_only(built.privacy)
     io.write_netcdf(Path(out) / "posterior.nc", io.posterior_only(idata) if draws_only else idata)
     plot_against_exact(Path(out) / "trace.png", result.samples, None if draws_only else built.exact)

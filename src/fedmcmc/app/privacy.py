@@ -50,7 +50,7 @@ _DRAWS_UNCOVERED = ["the seed: 32 bits (JAX's PRNGKey) of a secret; the run fold
 #: Keys of results.json and summary.json (and of their settings and inputs) that release = "draws" writes:
 #: the settings, the (epsilon, delta) and functions of the draws alone.
 _RELEASED = {"config", "sampler", "num_draws", "diagnostics", "step", "privacy", "inputs", "num_chains",
-             "num_stored_draws", "warnings", "convergence", "step_size", "settings", "task", "num_classes",
+             "num_stored_draws", "stored_every", "warnings", "convergence", "step_size", "settings", "task", "num_classes",
              "feature_names", "class_names", "scaling", "input_shape"}
 RELEASES = ("all", "draws")
 KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant", "release"}

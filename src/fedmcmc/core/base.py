@@ -215,11 +215,15 @@ class Setup(NamedTuple):
     ``server(key, server_state, uploads) -> (server_state, message, info)`` combines the uploads
     (leading client axis) into one ``message`` sent to every client (``info.broadcast_bits`` is
     its size); ``receive(client_state, message) -> client_state`` stores it on each client.
+    ``check(client_states)``, if given, runs on the host after the exchange, on the clients'
+    states as NumPy arrays (leading axes: chains, clients), and raises a one-line ``ValueError``
+    naming the client whose setup failed.
     """
 
     client: Callable[..., tuple]
     server: Callable[..., tuple]
     receive: Callable[..., Any]
+    check: Callable[[Any], None] | None = None
 
 
 class FederatedSampler(NamedTuple):

@@ -184,7 +184,12 @@ def from_clients(clients: Sequence[Any], dtype=np.float32, groups: tuple | None 
                 raise ValueError(
                     f"client {i}: data points have shape {leaf.shape[1:]}, client 0 has {first.shape[1:]}"
                 )
-            out[starts[i]:starts[i] + leaf.shape[0]] = leaf
+            with np.errstate(over="ignore"):  # a value too large for float32 is named below
+                out[starts[i]:starts[i] + leaf.shape[0]] = leaf
+            bad = ~np.isfinite(out[starts[i]:starts[i] + leaf.shape[0]].reshape(leaf.shape[0], -1)).all(axis=1)
+            if bad.any():
+                raise ValueError(f"client {i}: data point {int(np.argmax(bad))} holds NaN or inf (as {out.dtype}); "
+                                 "drop or fix such points (or rescale values too large for float32)")
         return out
 
     return data._replace(x=jax.tree_util.tree_map(pack, *clients))

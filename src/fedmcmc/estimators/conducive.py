@@ -100,6 +100,15 @@ class Conducive(NamedTuple):
         term = conducive_term(surrogates_lib.unpack(message), state.surrogate, state.share)
         return state._replace(term=term)
 
+    @staticmethod
+    def check(states: ConduciveState) -> None:
+        """Raise a one-line ``ValueError`` naming the first shard whose surrogate is not a proper
+        Gaussian (:func:`fedmcmc.estimators.surrogates.check`); ``states`` as NumPy arrays with
+        leading axes chains and shards."""
+        q = states.surrogate
+        for shard in range(q.shift.shape[1]):
+            surrogates_lib.check(np.asarray(q.precision)[:, shard], np.asarray(q.shift)[:, shard], shard)
+
     def wrap(self, estimate: Callable, state: ConduciveState) -> Callable:
         """The shard's estimator with its conducive gradient (:func:`conducive_gradient`)."""
         return conducive_gradient(estimate, state.term, self.alpha)

@@ -437,6 +437,10 @@ def find_mode(model: Model, data: FederatedData, theta0=None, max_rounds: int = 
 
     res, client_sum, prior_grad = jax.jit(search)(theta0)
     theta = res.x
+    if not (np.all(np.isfinite(np.asarray(theta))) and np.all(np.isfinite(np.asarray(client_sum)))):
+        raise ValueError("the search for the federated mode (BFGS) reached NaN or inf: the log-"
+                         "likelihood or prior overflows on the way; standardise the features (and a regression's "
+                         "response) or parametrise the model so that theta = 0 is a sensible start")
     grad_norm = float(jnp.linalg.norm(client_sum - prior_grad))
     rounds = int(res.nfev) + 1  # each evaluation returns value and gradient; +1 for the sum at theta*
     bits = 2 * rounds * data.num_clients * 32 * model.dim

@@ -104,6 +104,38 @@ def product(surrogates: GaussianSurrogate) -> GaussianSurrogate:
     return GaussianSurrogate(jnp.sum(surrogates.precision, axis=0), jnp.sum(surrogates.shift, axis=0))
 
 
+def check(precision, shift, shard: int) -> None:
+    """Raise a one-line ``ValueError`` naming shard ``shard`` unless its surrogate (natural
+    parameters ``precision`` and ``shift``, NumPy arrays with any leading axes, e.g. chains) is a
+    proper Gaussian: finite, its precision symmetric and positive definite (up to float32
+    rounding: eigenvalues above ``-d eps max|l|``), its mean finite."""
+    precision, shift = np.asarray(precision, np.float64), np.asarray(shift, np.float64)
+    d = shift.shape[-1]
+    problem = None
+    if not (np.all(np.isfinite(precision)) and np.all(np.isfinite(shift))):
+        problem = "is not finite (NaN or inf)"
+    elif precision.ndim == shift.ndim:
+        if np.any(precision <= 0):
+            problem = "has a precision that is not positive"
+        else:
+            mean = shift / precision
+    elif not np.allclose(precision, np.swapaxes(precision, -1, -2), rtol=1e-5, atol=0):
+        problem = "has a precision that is not symmetric"
+    else:
+        values = np.linalg.eigvalsh(precision)
+        scale = np.abs(values).max(axis=-1, keepdims=True)
+        if np.any(values <= -d * np.finfo(np.float32).eps * scale) or np.any(scale == 0):
+            problem = f"has a precision that is not positive definite (smallest eigenvalue {values.min():.3g})"
+        else:
+            mean = np.linalg.solve(precision, shift[..., None])[..., 0]
+    if problem is None and not np.all(np.isfinite(mean)):
+        problem = "has a mean that is not finite"
+    if problem is not None:
+        raise ValueError(f"shard {shard}'s Gaussian surrogate {problem}: its local fit failed; check that shard's "
+                         "data for extreme values, standardise the features (and a regression's response), or "
+                         "choose another [sampler] surrogate")
+
+
 def surrogate_bits(dim: int, covariance: str) -> int:
     """Bits of one surrogate on the wire, 32 per float: the shift, and the precision's
     ``d (d + 1) / 2`` distinct entries (full) or its ``d`` diagonal entries."""
@@ -157,10 +189,20 @@ def taylor(covariance: str = "full", min_precision: float = 1e-6):
     return fit
 
 
-def laplace(covariance: str = "full", num_steps: int = 50, damping: float = 1e-3, min_precision: float = 1e-6):
+def laplace(covariance: str = "full", num_steps: int = 50, damping: float = 1e-3, min_precision: float = 1e-6,
+            max_halvings: int = 40):
     """Laplace surrogate: the expansion at the local mode, found by ``num_steps`` damped Newton
-    steps ``theta <- theta + (H + lambda I)^{-1} grad`` from ``theta0`` (``H`` the negative
-    Hessian with eigenvalues floored at ``damping``, ``lambda = damping``)."""
+    steps from ``theta0``.
+
+    A step is ``theta <- theta + t V (max(|l|, damping) + damping)^{-1} V' grad``, with
+    ``V diag(l) V'`` the negative Hessian (its eigenvalues by absolute value, so that the step
+    ascends where the local log-density is not concave, as it is far from the mode of a model
+    with a noise scale) and ``t`` the first of ``1, 1/2, ..., 2^-max_halvings`` that does not
+    lower the log-density by more than float32 rounding (``1e-6 (1 + |log q|)``; no step if none
+    does). Flooring the eigenvalues at ``damping`` without the absolute value divides by
+    ``2 damping`` along a direction of negative curvature: from ``theta0 = 0`` on a regression
+    with an unknown noise scale and residuals in the tens, a first step of hundreds, then NaN.
+    """
     covariance = _check_covariance(covariance)
 
     def fit(key, model, client_data, theta0, share):
@@ -171,8 +213,20 @@ def laplace(covariance: str = "full", num_steps: int = 50, damping: float = 1e-3
             g = jax.grad(log_density)(theta)
             h = -jax.hessian(log_density)(theta)
             values, vectors = jnp.linalg.eigh(0.5 * (h + h.T))
-            step = vectors @ ((vectors.T @ g) / (jnp.maximum(values, damping) + damping))
-            return theta + step
+            step = vectors @ ((vectors.T @ g) / (jnp.maximum(jnp.abs(values), damping) + damping))
+            now = log_density(theta)
+            floor = now - 1e-6 * (1 + jnp.abs(now))  # what counts as not lower, in float32
+
+            def halve(carry):
+                t, _ = carry
+                return t / 2, log_density(theta + t / 2 * step)
+
+            def lower(carry):  # a NaN is lower too
+                t, new = carry
+                return ~(new >= floor) & (t > 2.0 ** -max_halvings)
+
+            t, new = jax.lax.while_loop(lower, halve, (jnp.ones((), theta.dtype), log_density(theta + step)))
+            return jnp.where(new >= floor, theta + t * step, theta)
 
         mode = jax.lax.fori_loop(0, num_steps, newton, theta0)
         return _expansion(log_density, mode, covariance, min_precision)

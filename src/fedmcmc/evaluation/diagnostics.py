@@ -41,6 +41,10 @@ def summary(samples: np.ndarray) -> dict:
 #: for four chains).
 RHAT_MAX = 1.01
 ESS_MIN = 400
+#: Chains whose lag-1 autocorrelation (median over chains, of the worst parameter) is above this
+#: have barely moved between draws: their steps are small against the posterior's scale, and a
+#: smaller step would not help them agree.
+SLOW_AUTOCORRELATION = 0.95
 
 
 def convergence(posterior, rhat_max: float = RHAT_MAX, ess_min: float = ESS_MIN) -> dict:
@@ -73,9 +77,12 @@ def convergence(posterior, rhat_max: float = RHAT_MAX, ess_min: float = ESS_MIN)
     bad = ~(r <= rhat_max)
     if bad.any():
         worst = int(np.nanargmax(np.where(np.isnan(r), np.inf, r)))
+        lag1 = _lag1(_draws(az, posterior)[..., worst])
+        advice = ("run more iterations, more burn-in or a smaller step size" if lag1 <= SLOW_AUTOCORRELATION else
+                  f"they have barely moved (lag-1 autocorrelation {lag1:.3f}), so the steps are small against the "
+                  'posterior\'s scale: set step_size = "auto", standardise the features, or run more iterations')
         found.append(f"R-hat > {rhat_max} (or undefined) for {bad.sum()} of {len(r)} parameters (worst "
-                     f"{labels[worst]}: {r[worst]:.4f}): the chains disagree; run more iterations, more burn-in "
-                     "or a smaller step size")
+                     f"{labels[worst]}: {r[worst]:.4f}): the chains disagree; {advice}")
     low = ~(bulk >= ess_min)
     if low.any():
         worst = int(np.nanargmin(np.where(np.isnan(bulk), -np.inf, bulk)))
@@ -85,6 +92,22 @@ def convergence(posterior, rhat_max: float = RHAT_MAX, ess_min: float = ESS_MIN)
     tail = table["ess_tail"].to_numpy(float)
     return {"parameters": params, "max_r_hat": _defined(np.nanmax, r), "min_ess_bulk": _defined(np.nanmin, bulk),
             "min_ess_tail": _defined(np.nanmin, tail), "warnings": found}
+
+
+def _draws(az, posterior) -> np.ndarray:
+    """``[chain, draw, parameter]``, the parameters in the order of ArviZ's summary."""
+    ds = az.convert_to_dataset(posterior)
+    return np.concatenate([np.asarray(ds[v]).reshape(ds[v].shape[:2] + (-1,)) for v in ds.data_vars], axis=-1)
+
+
+def _lag1(x: np.ndarray) -> float:
+    """The median over chains of the lag-1 autocorrelation of ``x[chain, draw]`` (1 for a chain
+    that does not move at all)."""
+    c = x - x.mean(axis=1, keepdims=True)
+    total = np.sum(c * c, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.where(total > 0, np.sum(c[:, 1:] * c[:, :-1], axis=1) / total, 1.0)
+    return float(np.median(rho))
 
 
 def _defined(reduce, values: np.ndarray) -> float | None:

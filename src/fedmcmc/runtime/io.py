@@ -49,15 +49,20 @@ class HeldOut(NamedTuple):
     client: np.ndarray
 
 
-def _stride(num_draws: int, max_draws: int | None) -> int:
-    """Keep every ``stride``-th draw so that at most ``max_draws`` are stored."""
+#: Draws per chain that ``fedmcmc run`` stores in ``posterior.nc`` unless ``[run] max_stored_draws`` says otherwise.
+MAX_STORED_DRAWS = 2000
+
+
+def stride(num_draws: int, max_draws: int | None) -> int:
+    """Keep every ``stride``-th draw so that at most ``max_draws`` are stored (all if
+    ``max_draws`` is 0 or None)."""
     return 1 if not max_draws or num_draws <= max_draws else math.ceil(num_draws / max_draws)
 
 
 def stored_draws(result: SimulationResult, max_draws: int | None = None) -> np.ndarray:
     """The draws ``[chain, draw, d]`` that :func:`to_inference_data` stores (thinned evenly to
     at most ``max_draws``): the draws a :class:`HeldOut` log-likelihood is computed on."""
-    step = _stride(result.samples.shape[1], max_draws)
+    step = stride(result.samples.shape[1], max_draws)
     return result.samples[:, step - 1::step]
 
 
@@ -166,7 +171,7 @@ def to_inference_data(results: Mapping[str, SimulationResult], attrs: Mapping | 
     """
     az = _arviz()
     first = next(iter(results.values()))
-    step = _stride(first.samples.shape[1], max_draws)
+    step = stride(first.samples.shape[1], max_draws)
     if len(results) == 1:
         groups, dims, coords = _one_run(first, step, step_size, layout, names, held_out)
     elif any(v is not None for v in (step_size, layout, names, held_out)):
@@ -204,7 +209,7 @@ def posterior_only(idata):
 
 
 def write_posterior(path: str | os.PathLike, results: Mapping[str, SimulationResult],
-                    attrs: Mapping | None = None, max_draws: int | None = 2000, **one_run: Any) -> Path:
+                    attrs: Mapping | None = None, max_draws: int | None = MAX_STORED_DRAWS, **one_run: Any) -> Path:
     """Write ``posterior.nc`` (netCDF through h5netcdf) and return its path; ``one_run`` holds the
     keyword arguments of :func:`to_inference_data` that describe one run."""
     return write_netcdf(path, to_inference_data(results, attrs, max_draws, **one_run))

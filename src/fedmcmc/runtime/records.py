@@ -16,15 +16,33 @@ import numpy as np
 
 
 class DivergenceError(RuntimeError):
-    """A chain reached NaN or inf."""
+    """A chain reached NaN or inf, by round ``iteration``; ``step`` is the run's step record
+    (``{"value", "rule"}``, with ``"lambda_max"`` when ``step_size = "auto"`` chose it) when
+    known, for the advice (:func:`step_advice`)."""
 
-    def __init__(self, iteration: int, chains: list[int]):
+    def __init__(self, iteration: int, chains: list[int], step: dict | None = None):
         self.iteration = iteration
         self.chains = chains
-        super().__init__(
-            f"the run diverged (NaN/inf in chain(s) {chains[:5]}) by iteration {iteration}: "
-            "lower the step size"
-        )
+        self.step = step
+        super().__init__(f"the run diverged (NaN/inf in chain(s) {chains[:5]}) by iteration {iteration}: "
+                         + step_advice(step))
+
+
+def step_advice(step: dict | None) -> str:
+    """What to do about a divergence, from the run's step record ``step`` (see
+    :class:`DivergenceError`; None or ``{"value": None}`` when the step is not known)."""
+    value = None if step is None else step.get("value")
+    if value is None:
+        return 'lower the step size, or set step_size = "auto" to choose it from the curvature at the mode'
+    values = np.atleast_1d(np.asarray(value, np.float64))
+    half = f"{values[0] / 2:.3g}" if np.ndim(value) == 0 else "[" + ", ".join(f"{v / 2:.3g}" for v in values) + "]"
+    if step.get("lambda_max") is not None:
+        return (f'set step_size below the one "auto" chose from the curvature at the mode (lambda_max = '
+                f'{step["lambda_max"]:.4g}), e.g. step_size = {half}: the chains start away from the mode, where '
+                "the curvature can be larger")
+    now = f"{values[0]:g}" if np.ndim(value) == 0 else "[" + ", ".join(f"{v:g}" for v in values) + "]"
+    return (f"lower the step size (now {now}), e.g. to {half}, "
+            'or set step_size = "auto" to choose it from the curvature at the mode')
 
 
 class SimulationResult(NamedTuple):

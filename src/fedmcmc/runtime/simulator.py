@@ -60,6 +60,8 @@ class Chains:
         with self._fitting():
             self.carry, (up, down) = self.init(self.keys, theta0)
         n = len(chains)
+        if sampler.setup is not None and sampler.setup.check is not None:
+            sampler.setup.check(jax.tree_util.tree_map(lambda a: np.asarray(a)[:n], self.carry.client_states))
         self.setup_bits = (np.asarray(up, np.int64)[:n].sum(axis=1), np.asarray(down, np.int64)[:n] * data.num_clients)
 
     def _fitting(self):

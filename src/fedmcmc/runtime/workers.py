@@ -68,7 +68,11 @@ class _Process:
         args = [sys.executable, "-m", "fedmcmc.runtime.workers", str(int(one_thread))]
         args += [str(core)] if core is not None else []
         self.index = index
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=os.getcwd())
+        try:
+            self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                         cwd=os.getcwd())
+        except OSError as err:  # the pool's other processes end with it (at exit, or the next pool)
+            raise WorkerError(f"cannot start worker process {index} ({err})") from None
         self.jobs: dict[str, None] = {}  # the jobs the worker holds, oldest first (as it evicts them)
 
     def send(self, method: str, *args) -> None:
@@ -87,7 +91,7 @@ class _Process:
         error, trace = rest
         if isinstance(error, Exception):
             raise error
-        raise WorkerError(f"worker {self.index} failed:\n{trace}")
+        raise WorkerError(f"worker {self.index} failed with {trace.strip().splitlines()[-1]}")
 
     def _died(self):
         code = self.proc.poll()
@@ -194,6 +198,15 @@ def start(seed: int, sampler, data, statistic, blocks: list[range], theta0, widt
     return remotes
 
 
+def pin(thread: int, core: int) -> None:
+    """Pin thread ``thread`` (a Linux thread id) to ``core``. A thread that has exited since it
+    was listed (``ProcessLookupError``) needs no pinning and is passed over."""
+    try:
+        os.sched_setaffinity(thread, {core})
+    except ProcessLookupError:
+        pass
+
+
 def _serve(one_thread: bool, core: int | None) -> None:  # pragma: no cover - runs in the worker process
     requests, replies = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
@@ -212,7 +225,7 @@ def _serve(one_thread: bool, core: int | None) -> None:  # pragma: no cover - ru
     jax.devices()
     if core is not None and hasattr(os, "sched_setaffinity"):
         for thread in os.listdir("/proc/self/task"):  # the pool's threads too
-            os.sched_setaffinity(int(thread), {core})
+            pin(int(thread), core)
     from fedmcmc.runtime.programs import compile_block
     from fedmcmc.runtime.simulator import Chains
 
@@ -250,4 +263,8 @@ def _serve(one_thread: bool, core: int | None) -> None:  # pragma: no cover - ru
 
 
 if __name__ == "__main__":  # pragma: no cover
-    _serve(sys.argv[1] == "1", int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    try:
+        _serve(sys.argv[1] == "1", int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    except Exception as err:  # noqa: BLE001 - one line for the parent's message to point to, no traceback
+        sys.stderr.write(f"fedmcmc worker process: {type(err).__name__}: {err}\n")
+        raise SystemExit(1) from None

@@ -170,7 +170,7 @@ def _setup(conducive: Conducive, model: Model) -> Setup:
         message, bits = conducive.combine(uploads)
         return server_state, message, ServerInfo(step_size=jnp.zeros((), jnp.float32), broadcast_bits=bits)
 
-    return Setup(client, server, conducive.receive)
+    return Setup(client, server, conducive.receive, conducive.check)
 
 
 def cg_dsgld(model: Model, probs, step_size, local_steps: int, surrogate=None, batch_size=None,
