@@ -87,6 +87,13 @@ with the next ``theta``, so the correction of a round uses the gradients of the 
 synchronisation (``theta_{t-T}`` in Algorithm B.2). On either clock the synchronisations are
 the rounds. Summed over clients the correction is zero, so the averaged drift is exactly
 ``grad f``; what it removes is the client drift caused by heterogeneous local potentials.
+It is exact to first order in a round's length only: over a long round each client relaxes
+towards the minimiser of its corrected potential, and their average is a Newton step with
+``sum_c w_c H_c^{-1}`` in place of ``H^{-1}``, which overshoots where a client's potential is
+much flatter than the others'. Past an overshoot of 2 the round's mean map expands and the
+chain has no stationary law (:func:`fedmcmc.evaluation.laws.fa_hmc_radius`; on four banks split
+by income, 50 leapfrog steps of 0.01 a round give a law tens of times too wide, which the posterior
+check of a run flags, docs/design.md). Fewer local steps, a smaller step or no de-biasing keep it stable.
 
 **Beyond the paper.** Compressed uploads keep the server's update unbiased given the local
 trajectories (``E C(Delta) = Delta``), but add variance: the chain's stationary law widens.
