@@ -109,3 +109,30 @@ def test_dispersed_starts_are_over_dispersed_draws_of_the_approximation():
     assert starts.shape == (4000, 3) and starts.dtype == np.float32
     np.testing.assert_allclose(starts.std(axis=0) / approx.sd, 2.0, rtol=0.08)  # 4,000 draws: 1.1% error
     np.testing.assert_array_equal(starts, dispersed_starts(jax.random.key(0), approx, 4000))
+
+
+def test_run_init_chooses_the_chains_starting_points():
+    from fedmcmc.app import config, posterior
+
+    text = ('[problem]\nname = "heterogeneous-gaussian"\nnum_clients = 4\ndim = 3\n[sampler]\nname = "lsd*"\n'
+            'step_size = 1e-3\n[run]\nseed = 0\nnum_chains = 3\nnum_iterations = 10\n')
+    cfg, built = config.from_text(text)
+    started = config.with_start(cfg, built)
+    approx, record = started.laplace
+    assert record["available"] and record["rounds"] == 1  # lsd* found the mode: one more round
+    assert started.start.shape == (3, 3) and len({tuple(row) for row in started.start}) == 3  # dispersed
+    with_init = lambda init, **more: {**cfg, **more, "run": {**cfg["run"], "init": init}}  # noqa: E731
+    np.testing.assert_array_equal(posterior.starts(with_init("mode"), 3, approx), np.tile(approx.mean, (3, 1)))
+    np.testing.assert_array_equal(posterior.starts(with_init("zeros"), 3, approx), np.zeros((3, 3)))
+    np.testing.assert_array_equal(posterior.starts(with_init([1, 2, 3]), 3, approx), np.tile([1, 2, 3], (3, 1)))
+    for bad, message in (("middle", "init must be one of"), ([1, 2], "3 finite numbers"),
+                         ([[1, 2, 3]] * 2, "or 3 lists")):
+        with pytest.raises(config.ConfigError, match=message):
+            posterior.starts(with_init(bad), 3, approx)
+    private = {**cfg, "privacy": {"delta": 1e-5}}  # the accountant assumes starts that do not depend on the data
+    np.testing.assert_array_equal(posterior.starts(private, 3, approx), np.zeros((3, 3)))
+    with pytest.raises(config.ConfigError, match="privacy accountant does not cover"):
+        posterior.starts(with_init("dispersed", privacy={"delta": 1e-5}), 3, approx)
+    no_check = with_init("zeros")
+    no_check["run"]["posterior_check"] = False
+    assert config.with_start(no_check, built).laplace[0] is None  # no check and no start from it: no mode search

@@ -96,6 +96,8 @@ def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_p
     assert (out / "posterior.nc").exists()
     assert res_json == payload and res_json["flower"]["engine"] == "simulation"
     assert res_json["flower"]["wire_bits_mismatch"] == 0 and res_json["flower"]["rejected_uploads"] == 0
+    # the posterior check of a Flower run: the server of a [problem] finds the mode (too few rounds to conclude)
+    assert res_json["laplace"]["available"] is True and res_json["posterior_check"]["passed"] is None
     assert res_json["upload_bits_per_chain"] == float(ref.total_bits_up.mean())
     np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
 
@@ -418,6 +420,7 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
     np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
     assert [c["n_train"] for c in payload["inputs"]["clients"]] == list(np.asarray(built.data.counts))
+    assert payload["laplace"]["available"] is False and "node-local" in payload["posterior_check"]["why"]
     assert payload["inputs"]["scaling"] == built.inputs.scaling  # the pooled scaling from the nodes' moments
     assert sorted(set(reads)) == sorted(p["data-path"] for p in paths.values())
     monkeypatch.setattr(local, "read_client", read_client)

@@ -59,7 +59,7 @@ def wanted(cfg: dict) -> bool:
     return check or _init(cfg) in ("dispersed", "mode", None)
 
 
-def not_available(cfg: dict, model) -> str | None:
+def not_available(cfg: dict) -> str | None:
     """Why the run has no Laplace approximation (None: it can have one)."""
     if cfg.get("model", {}).get("name") in NOT_LOG_CONCAVE:
         return f"not computed for a {cfg['model']['name']} network, whose posterior is multimodal; R-hat and ESS only"
@@ -71,16 +71,15 @@ def laplace(cfg: dict, built, data_known: bool = True) -> tuple[approximation.La
     the mode's search included when it was run for it) or why there is none."""
     if not wanted(cfg):
         return None, {"available": False, "why": "[run] posterior_check = false and init needs no mode"}
-    why = not_available(cfg, built.model) or (None if data_known else
-                                              "node-local data: the mode is not yet computed as Flower rounds")
+    why = not_available(cfg) or (None if data_known else "node-local data: the mode is not yet computed as Flower rounds")
     if why is None:
         mode, rounds, bits = built.mode, 0, 0
-        if mode is None:
-            mode = gradients.find_mode(built.model, built.data)
-            rounds, bits = mode.rounds, mode.bits
         try:
+            if mode is None:
+                mode = gradients.find_mode(built.model, built.data)
+                rounds, bits = mode.rounds, mode.bits
             approx = approximation.laplace_approximation(built.model, built.data, mode)
-        except approximation.NotPositiveDefinite as err:
+        except ValueError as err:  # a mode search that failed, or a Hessian that is not positive definite there
             why = str(err)
         else:
             return approx, {"available": True, "full": approx.full, "rounds": rounds + approx.rounds,
