@@ -47,7 +47,7 @@ points_per_shard = 50
 
 [sampler]
 name = "{name}"
-step_size = 4e-4
+step_size = 1e-4
 batch_size = 10
 local_steps = 50
 {extra}
@@ -61,6 +61,8 @@ burn_in = 10
 
 
 def test_run_config_cg_dsgld(tmp_path):
+    """(At step 4e-4 this run's variance is 3.5 times the exact posterior's and the posterior check
+    fails it, exit code 4; at 1e-4 the ratio is 1.6, within the check's factor 1.5 in sd.)"""
     cfg = tmp_path / "c.toml"
     cfg.write_text(BLOBS.format(name="fsgld", extra='record_every = 25\nsurrogate = "laplace"\nsurrogate_covariance = "diag"'))
     proc = fedmcmc("run", cfg, "--out", tmp_path / "o", "--no-progress")

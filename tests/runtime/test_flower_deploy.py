@@ -8,6 +8,7 @@ node failing, the plain run's samples (docs/privacy.md)."""
 from __future__ import annotations
 
 import datetime
+import functools
 import ipaddress
 import time
 
@@ -148,7 +149,8 @@ def test_deployment_with_tls_and_auth_same_samples_faults(deployment, tmp_path):
     # load took longer than the faults run's 30 s; an injected failure is an error reply, not a wait)
     text = text.replace("num_iterations = 4", "num_iterations = 2").replace("{ bits = 4 }", GRID).replace(
         "round_timeout = 30", "round_timeout = 600")
-    plain = ServerRuntime(text, tmp_path / "plain", config.from_text).run(LocalTransport(
+    served = functools.partial(config.from_text, start=True)  # the chains start where the apps' server starts them
+    plain = ServerRuntime(text, tmp_path / "plain", served).run(LocalTransport(
         text, 3, config.from_text, faults=lambda kind, k, i, reply: None if (kind, k, i) == ("round", 1, 0) else reply))
     path = tmp_path / "secure.toml"
     path.write_text(text + "secure_aggregation = true\n")

@@ -286,12 +286,15 @@ def _validate_sampler(cfg: dict) -> None:
             raise ConfigError(f"[sampler] {key} must be true or false (got {section[key]!r})")
 
 
-def from_text(text: str, base_dir: str | Path | None = None) -> tuple[dict, Built]:
+def from_text(text: str, base_dir: str | Path | None = None, start: bool = False) -> tuple[dict, Built]:
     """A run config given as TOML text, checked and built: ``(cfg, built)``; relative paths start at
-    ``base_dir`` (default: the working directory). Flower builds a ``[problem]`` run with it."""
+    ``base_dir`` (default: the working directory). Flower builds a ``[problem]`` run with it: its
+    clients as it is, its server with the chains' starting points and the posterior check's
+    approximation (``start``, :func:`with_start`)."""
     cfg = tomllib.loads(text)
     validate(cfg)
-    return cfg, build(cfg, base_dir)
+    built = build(cfg, base_dir)
+    return cfg, with_start(cfg, built) if start else built
 
 
 def _problem(cfg: dict) -> problems.Problem:

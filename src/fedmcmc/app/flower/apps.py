@@ -25,6 +25,7 @@ A message is an ``ArrayRecord`` (broadcasts and masks as arrays, the uploads' wi
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -264,11 +265,8 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
     config_lib, inputs, nodes, _, server = _lib()
     cfg = nodes.parsed(cfg_text)
     if "data" not in cfg:
-        def build(text):
-            parsed, built = config_lib.from_text(text)
-            return parsed, config_lib.with_start(parsed, built)
-
-        runtime = server.ServerRuntime(cfg_text, out, build, resume=resume, overwrite=overwrite)
+        runtime = server.ServerRuntime(cfg_text, out, functools.partial(config_lib.from_text, start=True),
+                                       resume=resume, overwrite=overwrite)
         return runtime, GridTransport(grid, runtime.b, runtime.flower)
     transport = GridTransport(grid, nodes.num_clients(cfg["data"]), flower_settings(cfg))
     summaries = [nodes.summary_from_json(transport.hellos[i]["summary"]) for i in range(transport.b)]
