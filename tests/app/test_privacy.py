@@ -120,3 +120,56 @@ def test_fa_ld_and_dsgld_meet_a_budget_with_their_builders_defaults(sampler, pri
     assert 4.99 < built.privacy[level]["epsilon"] <= 5.0
     assert built.privacy["record_clip" if "dsgld" in sampler else "clip"] is not None
     assert "qlsd++" not in sampler or built.privacy["client"]["epsilon"] < 5.0  # add/remove vs replace
+
+
+CHAINS = """
+[problem]
+name = "heterogeneous-gaussian"
+num_clients = 4
+dim = 3
+
+[sampler]
+name = "qlsd#"
+step_size = 1e-3
+batch_size = 10
+compression = {{ bits = 4 }}
+participation = {{ p = 0.5, scaling = "inverse_probability" }}
+
+[run]
+seed = 1
+num_chains = {chains}
+num_iterations = 200
+
+[privacy]
+delta = 1e-5
+clip = 5.0
+accountant = "{accountant}"
+"""
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_the_recorded_epsilon_composes_every_released_chain(accountant):
+    """Each chain is an independent run of the mechanism on the same data and posterior.nc
+    releases them all: the record's epsilon is dp_accounting's for rounds x chains mechanisms,
+    recomputed here from the mechanism itself (QLSD#, gamma = 1e-3, C = 5, p = 0.5 with 1/p weights:
+    z = sqrt(2 / gamma) / (C / p) = 4.472136; a record moves one upload within C: z / 2, no sampling)."""
+    import dp_accounting
+    from dp_accounting import pld, rdp
+
+    from fedmcmc.app import config
+
+    z = (2 / 1e-3) ** 0.5 / (5.0 / 0.5)
+    assert z == pytest.approx(4.472136, abs=1e-6)
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    for chains in (1, 2, 4):
+        _, built = config.from_text(CHAINS.format(chains=chains, accountant=accountant))
+        record = built.privacy
+        assert record["rounds"] == 200 and record["chains"] == chains
+        events = {"client": dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)),
+                  "record": dp_accounting.GaussianDpEvent(z / 2)}
+        for level, event in events.items():
+            acc = pld.PLDAccountant(relation) if accountant == "pld" else rdp.RdpAccountant(neighboring_relation=relation)
+            acc.compose(dp_accounting.SelfComposedDpEvent(event, 200 * chains))
+            assert record[level]["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-12), (level, chains)
+        if chains == 2 and accountant == "rdp":  # 400 mechanisms, not the 200 of one chain (8.31)
+            assert record["client"]["epsilon"] == pytest.approx(12.54, abs=0.01)

@@ -14,7 +14,8 @@
 With a budget and no bound for its level (``clip`` for clients, ``record_clip`` for records),
 the largest bound that meets the budget is chosen; with a bound that misses the budget the run
 is refused, naming the bound and the number of rounds that would meet it. The run's results
-record ``privacy``: the bounds, the rounds and both levels' (epsilon, delta), or why a level
+record ``privacy``: the bounds, the rounds, the chains (every released chain is composed: the
+accountant counts ``rounds x chains`` mechanisms) and both levels' (epsilon, delta), or why a level
 has none (:func:`fedmcmc.privacy.account`), and ``not_covered``: what the outputs hold that the
 (epsilon, delta) does not cover. ``release = "draws"`` strips those from the outputs
 (:func:`released`; ``posterior.nc`` keeps its ``posterior`` group alone) and refuses a run whose
@@ -93,7 +94,7 @@ def _draws_only(cfg: dict, error) -> None:
                     "the data without noise (scale the inputs with public constants beforehand)")
 
 
-def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict):
+def _setting(name: str, args: dict, data, pooled: bool, rounds: int, chains: int, p: dict):
     from fedmcmc.privacy import Setting
     scheme = args.get("participation")
     probs = 1.0 if scheme is None else scheme.probs
@@ -110,7 +111,8 @@ def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict):
                    compressor is not None and compressor.name != "identity",
                    {key: args[key] for key in ("weights", "correlation", "local_steps", "debiased", "probs", "memory",
                                                "memory_rate")
-                    if key in args})  # a key not set keeps the builder's default, the mapping's too
+                    if key in args},  # a key not set keeps the builder's default, the mapping's too
+                   int(chains))
 
 
 def _largest(ok, low: float, high: float, integer: bool = False, rtol: float = 1e-4):
@@ -163,8 +165,10 @@ def _budget(name: str, s, p: dict, error):
         raise error(f"[privacy] epsilon for {name} at level {level!r}: {err}") from None
     bound = _largest(lambda c: ok(s._replace(**{knob: c})), 1e-6, getattr(s, knob))
     rounds = _largest(lambda t: ok(s._replace(rounds=t)), 1, s.rounds, integer=True)
+    chains = _largest(lambda c: ok(s._replace(chains=c)), 1, s.chains, integer=True) if s.chains > 1 else None
     fixes = [f"[privacy] {knob} <= {bound:.4g}" if bound else None,
-             f"[run] num_iterations <= {rounds}" if rounds else None]
+             f"[run] num_iterations <= {rounds}" if rounds else None,
+             f"[run] num_chains <= {chains}" if chains else None]
     eps = account(name, s, p["delta"], p["accountant"])[level]["epsilon"]
     fix = " or ".join(f for f in fixes if f) or "raise epsilon (no bound or number of rounds meets it)"
     raise error(f"[privacy] the run's {level}-level epsilon is {eps:.4g} > epsilon = {p['epsilon']:g}; set {fix}")
@@ -181,7 +185,7 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
     p = _checked(cfg["privacy"], error)
     if name not in MAPPINGS:
         raise error(f"[privacy] has no mapping for sampler {name}")
-    s = _setting(name, args, data, pooled, cfg["run"]["num_iterations"], p)
+    s = _setting(name, args, data, pooled, cfg["run"]["num_iterations"], cfg["run"]["num_chains"], p)
     if p["epsilon"] is not None:
         s = _budget(name, s, p, error)
     args = dict(args)
@@ -200,7 +204,8 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
         uncovered = _UNCOVERED + (["step_size = \"auto\" (the curvature at the mode)"]
                                   if cfg["sampler"].get("step_size") == "auto" else [])
     budget = None if p["epsilon"] is None else {"epsilon": p["epsilon"], "level": p["level"]}
-    return args, {"clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "accountant": p["accountant"],
+    return args, {"clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "chains": s.chains,
+                  "accountant": p["accountant"],
                   "budget": budget, **levels, "release": p["release"], "not_covered": uncovered}
 
 
