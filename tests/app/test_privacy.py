@@ -53,13 +53,16 @@ def test_a_budget_picks_the_clip_and_the_run_records_what_it_met(tmp_path):
     assert 1.99 < record["client"]["epsilon"] <= 2.0 and record["client"]["delta"] == 1e-5
     assert record["clip"] > 0 and record["record"]["epsilon"] > record["client"]["epsilon"]  # replace vs add/remove
     assert record["release"] == "all" and "upload_bits_per_chain" in results
+    assert "seed" not in results["config"]["run"] and not record["publish_seed"]  # the noise's secret, by default
     with h5netcdf.File(tmp_path / "out" / "posterior.nc", "r") as f:  # ArviZ's attributes carry it too
         assert json.loads(f.attrs["privacy"])["clip"] == record["clip"] and "sample_stats" in f.groups
+        assert "seed" not in json.loads(f.attrs["config"])["run"]
         theta = f.groups["posterior"].variables["theta"][...]
     path = write(tmp_path, "delta = 1e-5\nepsilon = 2.0\nrelease = \"draws\"")
     assert main(["run", str(path), "--out", str(tmp_path / "draws"), "--no-progress", "--workers", "1"]) == 0
     results = json.loads((tmp_path / "draws" / "results.json").read_text())
-    assert set(results) == {"config", "sampler", "num_draws", "diagnostics", "step", "privacy", "inputs"}
+    assert set(results) == {"config", "sampler", "num_draws", "num_stored_draws", "stored_every", "diagnostics", "step",
+                            "privacy", "inputs"}
     assert results["privacy"]["not_covered"] != record["not_covered"] and results["privacy"]["clip"] == record["clip"]
     assert "seed" not in results["config"]["run"]  # the noise's secret
     with h5netcdf.File(tmp_path / "draws" / "posterior.nc", "r") as f:
@@ -86,6 +89,8 @@ def run_fails(capsys, tmp_path, privacy, *fragments, sampler="qlsd#"):
     ("delta = 1e-5\nsigma = 1", "qlsd#", ("unknown key(s) ['sigma'] in [privacy]",)),
     ("delta = 1e-5\nclip = 1.0\nrelease = \"some\"", "qlsd#", ("[privacy] release must be one of ('all', 'draws')",)),
     ("delta = 1e-5\nclip = 1.0\nrelease = \"draws\"", "qlsd# seedless", ('needs a secret [run] seed',)),
+    ("delta = 1e-5\nclip = 1.0\nrelease = \"draws\"\npublish_seed = true", "qlsd#",
+     ('publish_seed = true contradicts release = "draws"',)),
     ("delta = 1e-5\nclip = 1e-6", "qlsd# fixed", ("[privacy] clip: a clip of 1e-06 cannot hold on the grid 2**-16",
                                                  "raise fixed_point fraction_bits")),
 ])
@@ -173,3 +178,23 @@ def test_the_recorded_epsilon_composes_every_released_chain(accountant):
             assert record[level]["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-12), (level, chains)
         if chains == 2 and accountant == "rdp":  # 400 mechanisms, not the 200 of one chain (8.31)
             assert record["client"]["epsilon"] == pytest.approx(12.54, abs=0.01)
+
+
+def test_the_seed_is_left_out_unless_published_and_then_listed_as_not_covered():
+    """Whoever knows the seed knows the noise: release = "all" writes the config without it; with
+    publish_seed = true it is written and listed in not_covered, as is the public default seed."""
+    from fedmcmc.app import config
+    from fedmcmc.app.privacy import released
+
+    payload = {"config": {"run": {"seed": 1, "num_chains": 2}}, "settings": {"config": {"run": {"seed": 1}}}}
+    for privacy, seeded, fragment in (("delta = 1e-5\nclip = 1.0", True, None),
+                                      ("delta = 1e-5\nclip = 1.0\npublish_seed = true", True, "publish_seed = true"),
+                                      ("delta = 1e-5\nclip = 1.0", False, "the default, 0, is public")):
+        text = CONFIG.format(privacy=privacy, sampler="qlsd#")
+        _, built = config.from_text(text if seeded else text.replace("seed = 1\n", ""))
+        seeds = [entry for entry in built.privacy["not_covered"] if entry.startswith("the seed")]
+        assert seeds == ([] if fragment is None else [seeds[0]]) and (fragment is None or fragment in seeds[0])
+        out = released(built.privacy, payload)
+        published = built.privacy["publish_seed"]
+        assert ("seed" in out["config"]["run"]) == published == ("seed" in out["settings"]["config"]["run"])
+        assert out["config"]["run"]["num_chains"] == 2

@@ -10,6 +10,7 @@
     record_clip = 5.0     # C_r, one record's gradient norm (fedmcmc.models.clipped_gradients)
     accountant = "rdp"    # or "pld"
     release = "all"       # or "draws": write only what the (epsilon, delta) covers
+    publish_seed = false  # true: write [run] seed into the outputs (listed as not covered)
 
 With a budget and no bound for its level (``clip`` for clients, ``record_clip`` for records),
 the largest bound that meets the budget is chosen; with a bound that misses the budget the run
@@ -41,7 +42,15 @@ __all__ = ["KEYS", "RELEASES", "settle", "attrs", "draws_only", "released"]
 _UNCOVERED = ["sample_stats bits_up, bits_down and active_clients", "the bits and participation in results.json and "
               "summary.json", "the held-out points (log_likelihood, observed_data, predictive metrics, "
               "reliability.png)", "each client's counts (inputs.clients)", "the data's scaling and split",
-              "timings and a Flower run's counts", "what the server sees of each upload"]
+              "the Laplace approximation at the mode (results.json laplace) and the posterior check against it "
+              "(posterior_check, posterior_check_passed, exit code 4)", "the mode search's rounds and bits "
+              "(theta_star)", "a [problem] run's errors against its exact posterior", "timings and a Flower run's counts",
+              "what the server sees of each upload"]
+#: The seed's entry of ``not_covered`` when the outputs carry it (publish_seed = true) or it is the public default.
+_SEED = {"published": "the seed: [privacy] publish_seed = true writes [run] seed into results.json, summary.json and "
+                      "posterior.nc, and whoever holds it can subtract the noise",
+         "default": "the seed: [run] seed is not set and the default, 0, is public, so anyone can subtract the "
+                    "noise; set a secret [run] seed"}
 #: What release = "draws" still writes that the accountant does not cover (what it cannot strip is refused).
 _DRAWS_UNCOVERED = ["the seed: 32 bits (JAX's PRNGKey) of a secret; the run folder's config.toml and chunks/ "
                     "(the checkpoint) hold it and everything else: keep them private",
@@ -54,7 +63,7 @@ _RELEASED = {"config", "sampler", "num_draws", "diagnostics", "step", "privacy",
              "num_stored_draws", "stored_every", "warnings", "convergence", "step_size", "settings", "task", "num_classes",
              "feature_names", "class_names", "scaling", "input_shape"}
 RELEASES = ("all", "draws")
-KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant", "release"}
+KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant", "release", "publish_seed"}
 
 
 def _positive(section: dict, key: str, error) -> float | None:
@@ -77,6 +86,12 @@ def _checked(section: dict, error) -> dict:
     p["release"] = section.get("release", "all")
     if p["release"] not in RELEASES:
         raise error(f"[privacy] release must be one of {RELEASES} (got {p['release']!r})")
+    p["publish_seed"] = section.get("publish_seed", False)
+    if not isinstance(p["publish_seed"], bool):
+        raise error(f"[privacy] publish_seed must be true or false (got {p['publish_seed']!r})")
+    if p["publish_seed"] and p["release"] == "draws":
+        raise error('[privacy] publish_seed = true contradicts release = "draws" (the seed reveals the noise); '
+                    "drop one of them")
     return p
 
 
@@ -201,12 +216,14 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
         _draws_only(cfg, error)
         uncovered = _DRAWS_UNCOVERED
     else:
-        uncovered = _UNCOVERED + (["step_size = \"auto\" (the curvature at the mode)"]
-                                  if cfg["sampler"].get("step_size") == "auto" else [])
+        seed = "published" if p["publish_seed"] else "default" if "seed" not in cfg["run"] else None
+        uncovered = ([_SEED[seed]] if seed else []) + _UNCOVERED + (
+            ["step_size = \"auto\" (the curvature at the mode)"] if cfg["sampler"].get("step_size") == "auto" else [])
     budget = None if p["epsilon"] is None else {"epsilon": p["epsilon"], "level": p["level"]}
     return args, {"clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "chains": s.chains,
                   "accountant": p["accountant"],
-                  "budget": budget, **levels, "release": p["release"], "not_covered": uncovered}
+                  "budget": budget, **levels, "release": p["release"], "publish_seed": p["publish_seed"],
+                  "not_covered": uncovered}
 
 
 def attrs(record: dict | None) -> dict:
@@ -219,15 +236,26 @@ def draws_only(record: dict | None) -> bool:
     return record is not None and record.get("release") == "draws"
 
 
-def released(record: dict | None, payload: dict) -> dict:
-    """``payload`` (results.json, summary.json) as written: whole, or under ``release = "draws"``
-    only the keys of ``_RELEASED`` (the settings, the (epsilon, delta) and functions of the draws),
-    in its ``settings`` and ``inputs`` too (whose ``clients``, the counts, become ``[]``), and
-    the config without ``[run] seed``."""
-    if not draws_only(record):
-        return payload
-    out = {key: released(record, value) if key in ("settings", "inputs") and isinstance(value, dict) else value
-           for key, value in payload.items() if key in _RELEASED}
+def _seedless(payload: dict) -> dict:
+    """``payload`` with its config (its own, or its ``settings``') without ``[run] seed``."""
+    out = {key: _seedless(value) if key == "settings" and isinstance(value, dict) else value
+           for key, value in payload.items()}
     if isinstance(out.get("config"), dict) and "run" in out["config"]:  # the noise is drawn from the seed: secret
         out["config"] = {**out["config"], "run": {k: v for k, v in out["config"]["run"].items() if k != "seed"}}
+    return out
+
+
+def released(record: dict | None, payload: dict) -> dict:
+    """``payload`` (results.json, summary.json, posterior.nc's attributes) as written: under
+    ``[privacy]`` the config without ``[run] seed`` (the noise is drawn from it) unless
+    ``publish_seed = true``; whole otherwise, or under ``release = "draws"`` only the keys of
+    ``_RELEASED`` (the settings, the (epsilon, delta) and functions of the draws), in its
+    ``settings`` and ``inputs`` too (whose ``clients``, the counts, become ``[]``)."""
+    if record is None:
+        return payload
+    if not draws_only(record):
+        return payload if record.get("publish_seed") else _seedless(payload)
+    out = {key: released(record, value) if key in ("settings", "inputs") and isinstance(value, dict) else value
+           for key, value in payload.items() if key in _RELEASED}
+    out = _seedless(out)
     return {**out, "clients": []} if "clients" in payload else out  # inputs: the counts out, the fields kept
