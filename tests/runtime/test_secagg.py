@@ -174,3 +174,16 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
         ServerRuntime(QLSD_PP + "\n[flower]\nsecure_aggregation = true\n", tmp_path / "no", config.from_text)
     with pytest.raises(ValueError, match="secure_aggregation must be true or false"):
         ServerRuntime(text + "\n[flower]\nsecure_aggregation = 1\n", tmp_path / "no", config.from_text)
+
+
+def test_a_grid_whose_sum_could_wrap_is_refused_where_it_is_chosen():
+    """40 clients at max_abs = 1000 on the grid 2^-16: 40 B = 2.6e9 >= 2^31, so 40 uploads of about
+    994 would sum to a wrapped int32; refused in one line naming the largest fraction_bits that fits."""
+    spec = {"bits": 4, "fixed_point": {"fraction_bits": 16, "max_abs": 1000.0}}
+    with pytest.raises(ValueError, match=r"40 clients x .* reaches 2\*\*31.*set fraction_bits <= 15$"):
+        resolve_compressor(spec, clients=40)
+    assert resolve_compressor(spec, clients=32).name.startswith("fixed_point")  # 32 B < 2^31
+    text = QLSD_PP_GRID.replace("num_clients = 3", "num_clients = 40")
+    assert "num_clients = 40" in text
+    with pytest.raises(ValueError, match="the int32 sum of the uploads can wrap; set fraction_bits <= 15"):
+        config.from_text(text)

@@ -208,7 +208,8 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
         args["model"] = clipped_gradients(args["model"], s.record_clip)
     if s.clip is not None and "compressor" in args:
         try:  # on a fixed_point grid, inside it: the bound holds for the grid values the server sums
-            args["compressor"] = resolve_clipped(cfg["sampler"].get("compression"), s.clip, args["model"].dim)
+            args["compressor"] = resolve_clipped(cfg["sampler"].get("compression"), s.clip, args["model"].dim,
+                                                 data.num_clients)
         except ValueError as err:
             raise error(f"[privacy] clip: {err}") from None
     levels = account(name, s, p["delta"], p["accountant"])
