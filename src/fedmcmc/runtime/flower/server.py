@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.compression import FixedPointMessage
+from fedmcmc.compression.fixed_point import grid_bound
 from fedmcmc.core import xla
 from fedmcmc.runtime.flower import secagg
 from fedmcmc.runtime import round as rnd
@@ -102,8 +103,13 @@ class ServerRuntime:
         self.secure = self.flower["secure_aggregation"]
         if not isinstance(self.secure, bool):
             raise ValueError(f"[flower] secure_aggregation must be true or false (got {self.secure!r})")
+        self.minimum = self.flower["secure_min_clients"]
+        if isinstance(self.minimum, bool) or not isinstance(self.minimum, int) or self.minimum < secagg.MIN_CLIENTS:
+            raise ValueError(f"[flower] secure_min_clients must be an integer >= {secagg.MIN_CLIENTS} (got "
+                             f"{self.minimum!r}): the sum of one client is its upload")
         if self.secure:
-            self.stats.update(secagg_bits_up=0, secagg_bits_down=0, secagg_recoveries=0, secagg_self_bits=0)
+            self.stats.update(secagg_bits_up=0, secagg_bits_down=0, secagg_recoveries=0, secagg_self_bits=0,
+                              secagg_too_few=0, secagg_out_of_range=0)
         self.chain_keys = chain_keys(self.seed, np.arange(self.C))
         self._compile(data)
 
@@ -129,6 +135,10 @@ class ServerRuntime:
             raise ValueError(f"secure_aggregation needs uploads on a fixed-point grid, and {s.name}'s are not; use a "
                              "QLSD-family sampler with compression = {..., fixed_point = {fraction_bits = .., "
                              "max_abs = ..}}")
+        if self.secure:  # what one upload's grid integers may hold: |q_j| <= B, ||q 2^-p|| <= C with [privacy] clip
+            grid = self.cfg["sampler"]["compression"]["fixed_point"]
+            self.grid = (grid_bound(grid["fraction_bits"], grid["max_abs"]), 2.0 ** -grid["fraction_bits"],
+                         (self.built.privacy or {}).get("clip"))
         self.up_parts = items(up)
         self.ss_like, self.bc_like = jax.eval_shape(init, jax.ShapeDtypeStruct((self.C, 2), jnp.uint32),
                                                     self.theta0)
@@ -241,6 +251,10 @@ class ServerRuntime:
         """One round: masks, messages to the clients active in some chain, decoding and
         validation of the replies, ``server_step`` with the effective mask."""
         mask = np.asarray(self.masks(self.chain_keys, jnp.int32(k)))  # [C, b]
+        if self.secure:  # a sum of fewer clients would reveal their uploads: no client of such a chain this round
+            few = mask.sum(axis=1) < self.minimum
+            self.stats["secagg_too_few"] += int(np.sum(few & mask.any(axis=1)))
+            mask = np.where(few[:, None], False, mask)
         bc = leaves(broadcast)
         messages = {i: self._message("round", k=k, broadcast=bc, mask=leaves([mask[:, i]]),
                                      accepted_round=leaves([accepted[:, i].copy()]), keep=self.chunk + 2)
@@ -334,22 +348,48 @@ class ServerRuntime:
                     self.stats["rejected_uploads"] += 1
                     log.warning("round %d: rejected the upload of client %d for chain %d: %s", k, i, c, err)
         dropped = {c: [int(i) for i in np.flatnonzero(mask[c]) if (c, i) not in got] for c in range(self.C)}
-        own, revealed = self._reveal(transport, k, sorted(got), dropped) if got else ({}, {})
+        survivors = {c: [i for i in range(self.b) if (c, i) in got] for c in range(self.C)}
+        for c in range(self.C):  # fewer survivors than the minimum: their sum stays masked, no client applied
+            if 0 < len(survivors[c]) < self.minimum:
+                self.stats["secagg_too_few"] += 1
+                log.warning("round %d: chain %d has %d survivor(s), fewer than secure_min_clients = %d; no client "
+                            "applied", k, c, len(survivors[c]), self.minimum)
+                survivors[c] = []
+        asked = sorted((c, i) for c in range(self.C) for i in survivors[c])
+        own, revealed = self._reveal(transport, k, asked, dropped) if asked else ({}, {})
         offset = len(self.up_leaves) - 1  # the last leaf of a FixedPointMessage
         for c in range(self.C):
-            survivors = [i for i in range(self.b) if (c, i) in got]
+            if not survivors[c]:
+                continue
             try:
-                total = secagg.unmask({i: got[(c, i)] for i in survivors}, dropped[c], revealed.get(c, {}),
-                                      own.get(c, {})) if survivors else None
+                total = secagg.unmask({i: got[(c, i)] for i in survivors[c]}, dropped[c], revealed.get(c, {}),
+                                      own.get(c, {}))
             except KeyError:
                 log.warning("round %d: chain %d's sum could not be unmasked; no client applied", k, c)
                 continue
-            if total is not None:
-                uploads[offset][c, survivors[0]] = total.reshape(uploads[offset].shape[2:])
-                self.stats["secagg_recoveries"] += bool(dropped[c])
-            for i in survivors:  # the bits on the wire: the masked words
+            why = self._out_of_range(total, len(survivors[c]))
+            if why:
+                self.stats["secagg_out_of_range"] += 1
+                log.warning("round %d: chain %d's unmasked sum %s (a replayed or forged upload); no client applied",
+                            k, c, why)
+                continue
+            uploads[offset][c, survivors[c][0]] = total.reshape(uploads[offset].shape[2:])
+            self.stats["secagg_recoveries"] += bool(dropped[c])
+            for i in survivors[c]:  # the bits on the wire: the masked words
                 effective[c, i], bits[c, i] = True, 32 * size
                 self.stats["secagg_bits_up"] += 32 * size
+
+    def _out_of_range(self, total: np.ndarray, n: int) -> str | None:
+        """Why the unmasked sum of ``n`` uploads cannot be a sum of ``n`` grid integers within their
+        bounds (each ``|q_j| <= B``; with ``[privacy] clip``, ``||q 2^-p|| <= C``), or None."""
+        bound, step, clip = self.grid
+        largest = int(np.max(np.abs(total.astype(np.int64))))
+        if largest > n * bound:
+            return f"has a coordinate of {largest} > {n} x B = {n * bound}"
+        norm = float(np.linalg.norm(total.astype(np.float64))) * step
+        if clip is not None and norm > n * clip * (1 + 2 ** -20):
+            return f"has norm {norm:.4g} > {n} x clip = {n * clip:.4g}"
+        return None
 
     def _reveal(self, transport, k, got: list, dropped: dict) -> tuple[dict, dict]:
         """Ask every survivor ``j`` of round ``k`` (``got``: its ``(chain, j)``), for each of its
