@@ -327,7 +327,8 @@ class ServerRuntime:
                     raise MalformedUpload(f"reply for chains {chains}, expected {np.flatnonzero(mask[:, i]).tolist()}")
                 decoded[i] = []
                 for n, c in enumerate(chains):
-                    codecs, blobs = list(reply[f"codecs/{c}"]), [reply[f"blob/{c}/{j}"] for j in range(len(self.up_parts))]
+                    codecs = list(reply[f"codecs/{c}"])
+                    blobs = [reply[f"blob/{c}/{j}"] for j in range(len(self.up_parts))]
                     values, wire, norms = decode_upload(codecs, blobs, self.up_parts, fixed)
                     if wire != int(reply["bits"][n]):
                         self.stats["wire_bits_mismatch"] += 1
@@ -355,7 +356,8 @@ class ServerRuntime:
         bound = NORM_FACTOR * np.quantile(pool, 0.5, axis=0, method="lower") if len(pool) else np.zeros(0)
         bound = np.where(bound > 0, bound, np.inf)
         for i in list(decoded):
-            over = [(c, j, norms[j]) for c, _, _, norms, _ in decoded[i] for j in range(len(norms)) if norms[j] > bound[j]]
+            over = [(c, j, norms[j]) for c, _, _, norms, _ in decoded[i] for j in range(len(norms))
+                    if norms[j] > bound[j]]
             if over:
                 del decoded[i]
                 self.stats["rejected_uploads"] += 1
