@@ -198,3 +198,28 @@ def test_the_seed_is_left_out_unless_published_and_then_listed_as_not_covered():
         published = built.privacy["publish_seed"]
         assert ("seed" in out["config"]["run"]) == published == ("seed" in out["settings"]["config"]["run"])
         assert out["config"]["run"]["num_chains"] == 2
+
+
+@pytest.mark.parametrize("chains", [1, 2])
+def test_secure_aggregation_records_epsilon_against_a_client_that_sees_participation(chains):
+    """Under secure aggregation every active client receives the active sets, so Poisson
+    participation does not amplify against it: the record's another_client is dp_accounting's
+    Gaussian of z over K rounds at delta / 2, K the 1 - delta / 2 quantile of Binomial(rounds x
+    chains, p) (the rounds the protected client enters), recomputed here."""
+    import dp_accounting
+    from dp_accounting import rdp
+    from scipy.stats import binom
+
+    from fedmcmc.app import config
+
+    text = CHAINS.format(chains=chains, accountant="rdp").replace(
+        "bits = 4", "bits = 4, fixed_point = { fraction_bits = 16, max_abs = 100.0 }") + \
+        "\n[flower]\nsecure_aggregation = true\n"
+    record = config.from_text(text)[1].privacy
+    z, entered = (2 / 1e-3) ** 0.5 / (5.0 / 0.5), int(binom.isf(0.5e-5, 200 * chains, 0.5))
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), entered))
+    assert record["another_client"] == {"epsilon": pytest.approx(acc.get_epsilon(0.5e-5), rel=1e-12),
+                                        "delta": 1e-5, "rounds_entered": entered}
+    assert record["another_client"]["epsilon"] > record["client"]["epsilon"]  # no amplification
+    assert "another_client" not in config.from_text(CHAINS.format(chains=chains, accountant="rdp"))[1].privacy

@@ -17,7 +17,9 @@ the largest bound that meets the budget is chosen; with a bound that misses the 
 is refused, naming the bound and the number of rounds that would meet it. The run's results
 record ``privacy``: the bounds, the rounds, the chains (every released chain is composed: the
 accountant counts ``rounds x chains`` mechanisms) and both levels' (epsilon, delta), or why a level
-has none (:func:`fedmcmc.privacy.account`), and ``not_covered``: what the outputs hold that the
+has none (:func:`fedmcmc.privacy.account`); under ``[flower] secure_aggregation`` also
+``another_client``, the client level against a client that sees the active sets
+(:func:`fedmcmc.privacy.mechanisms.against_clients`); and ``not_covered``: what the outputs hold that the
 (epsilon, delta) does not cover. ``release = "draws"`` strips those from the outputs
 (:func:`released`; ``posterior.nc`` keeps its ``posterior`` group alone) and refuses a run whose
 draws themselves depend on the data without noise (an "auto" step, standardised ``[data]``).
@@ -197,6 +199,7 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
     if "privacy" not in cfg:
         return args, None
     from fedmcmc.privacy import MAPPINGS, account
+    from fedmcmc.privacy.mechanisms import against_clients
     p = _checked(cfg["privacy"], error)
     if name not in MAPPINGS:
         raise error(f"[privacy] has no mapping for sampler {name}")
@@ -213,6 +216,8 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
         except ValueError as err:
             raise error(f"[privacy] clip: {err}") from None
     levels = account(name, s, p["delta"], p["accountant"])
+    if cfg.get("flower", {}).get("secure_aggregation") is True:  # every active client sees the active sets
+        levels["another_client"] = against_clients(name, s, p["delta"], p["accountant"])
     if p["release"] == "draws":
         _draws_only(cfg, error)
         uncovered = _DRAWS_UNCOVERED

@@ -25,6 +25,14 @@ data (its own noise, minibatches and participation), and the outputs release all
 run of ``chains`` chains of ``rounds`` rounds is the composition of ``rounds x chains``
 mechanisms (:attr:`Setting.chains`).
 
+**Against another client.** Poisson participation amplifies only while it is hidden. Under
+secure aggregation every active client receives the round's active sets (it needs them to
+derive its pairwise masks), so another client knows the rounds the protected client entered.
+Given them, the client level is the Gaussian of ``z`` over those rounds without sampling; their
+number is ``Binomial(rounds x chains, p)``, at most ``K``, its ``1 - delta / 2`` quantile, except
+with probability ``delta / 2``, so the guarantee is the Gaussian of ``z`` over ``K`` rounds at
+``delta / 2``, which makes ``(epsilon, delta)`` (:func:`against_clients`).
+
 **The mappings** (``C`` the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`,
 or on its grid value on a fixed-point grid, :func:`fedmcmc.compression.resolve_clipped`;
 ``C_r`` the per-record gradient bound, :func:`fedmcmc.models.clipped_gradients`; client ``i`` with
@@ -92,7 +100,7 @@ import numpy as np
 
 from fedmcmc.privacy.accountant import GaussianRounds, epsilon
 
-__all__ = ["Setting", "Bounds", "MAPPINGS", "KNOBS", "LEVELS", "account", "knob", "level_epsilon"]
+__all__ = ["Setting", "Bounds", "MAPPINGS", "KNOBS", "LEVELS", "account", "against_clients", "knob", "level_epsilon"]
 
 LEVELS = ("client", "record")
 
@@ -277,6 +285,29 @@ def level_epsilon(bounds, delta: float, accountant: str = "rdp") -> float:
     if isinstance(bounds[0], str):
         raise ValueError(bounds[0])
     return min(max(epsilon(m, delta, accountant) for m in set(groups)) for groups in bounds)
+
+
+def against_clients(name: str, setting: Setting, delta: float, accountant: str = "rdp") -> dict:
+    """The client level against a party that sees who takes part in every round (another client
+    under secure aggregation; the module docstring): ``{"epsilon", "delta", "rounds_entered"}``,
+    ``rounds_entered`` the most rounds a client enters but with probability ``delta / 2`` (all of
+    them without Poisson participation: then the client level itself), or ``{"refused": reason}``.
+    """
+    from scipy.stats import binom
+
+    bounds = MAPPINGS[name](setting)["client"]
+    if isinstance(bounds[0], str):
+        return {"refused": bounds[0]}
+    if not any(m.sampling == "poisson" and m.rate < 1 for groups in bounds for m in groups):
+        return {**account(name, setting, delta, accountant)["client"], "rounds_entered": _composed(setting)}
+
+    def seen(m: GaussianRounds) -> GaussianRounds:
+        if m.sampling != "poisson":
+            return m
+        return GaussianRounds(m.noise_multiplier, int(binom.isf(delta / 2, m.rounds, m.rate)))
+    bounds = [tuple(seen(m) for m in groups) for groups in bounds]
+    entered = max(m.rounds for groups in bounds for m in groups)
+    return {"epsilon": level_epsilon(bounds, delta / 2, accountant), "delta": delta, "rounds_entered": entered}
 
 
 def account(name: str, setting: Setting, delta: float, accountant: str = "rdp") -> dict:
