@@ -53,13 +53,16 @@ def test_a_budget_picks_the_clip_and_the_run_records_what_it_met(tmp_path):
     assert 1.99 < record["client"]["epsilon"] <= 2.0 and record["client"]["delta"] == 1e-5
     assert record["clip"] > 0 and record["record"]["epsilon"] > record["client"]["epsilon"]  # replace vs add/remove
     assert record["release"] == "all" and "upload_bits_per_chain" in results
+    assert "seed" not in results["config"]["run"] and not record["publish_seed"]  # the noise's secret, by default
     with h5netcdf.File(tmp_path / "out" / "posterior.nc", "r") as f:  # ArviZ's attributes carry it too
         assert json.loads(f.attrs["privacy"])["clip"] == record["clip"] and "sample_stats" in f.groups
+        assert "seed" not in json.loads(f.attrs["config"])["run"]
         theta = f.groups["posterior"].variables["theta"][...]
     path = write(tmp_path, "delta = 1e-5\nepsilon = 2.0\nrelease = \"draws\"")
     assert main(["run", str(path), "--out", str(tmp_path / "draws"), "--no-progress", "--workers", "1"]) == 0
     results = json.loads((tmp_path / "draws" / "results.json").read_text())
-    assert set(results) == {"config", "sampler", "num_draws", "diagnostics", "step", "privacy", "inputs"}
+    assert set(results) == {"config", "sampler", "num_draws", "num_stored_draws", "stored_every", "diagnostics", "step",
+                            "privacy", "inputs"}
     assert results["privacy"]["not_covered"] != record["not_covered"] and results["privacy"]["clip"] == record["clip"]
     assert "seed" not in results["config"]["run"]  # the noise's secret
     with h5netcdf.File(tmp_path / "draws" / "posterior.nc", "r") as f:
@@ -86,6 +89,8 @@ def run_fails(capsys, tmp_path, privacy, *fragments, sampler="qlsd#"):
     ("delta = 1e-5\nsigma = 1", "qlsd#", ("unknown key(s) ['sigma'] in [privacy]",)),
     ("delta = 1e-5\nclip = 1.0\nrelease = \"some\"", "qlsd#", ("[privacy] release must be one of ('all', 'draws')",)),
     ("delta = 1e-5\nclip = 1.0\nrelease = \"draws\"", "qlsd# seedless", ('needs a secret [run] seed',)),
+    ("delta = 1e-5\nclip = 1.0\nrelease = \"draws\"\npublish_seed = true", "qlsd#",
+     ('publish_seed = true contradicts release = "draws"',)),
     ("delta = 1e-5\nclip = 1e-6", "qlsd# fixed", ("[privacy] clip: a clip of 1e-06 cannot hold on the grid 2**-16",
                                                  "raise fixed_point fraction_bits")),
 ])
@@ -120,3 +125,101 @@ def test_fa_ld_and_dsgld_meet_a_budget_with_their_builders_defaults(sampler, pri
     assert 4.99 < built.privacy[level]["epsilon"] <= 5.0
     assert built.privacy["record_clip" if "dsgld" in sampler else "clip"] is not None
     assert "qlsd++" not in sampler or built.privacy["client"]["epsilon"] < 5.0  # add/remove vs replace
+
+
+CHAINS = """
+[problem]
+name = "heterogeneous-gaussian"
+num_clients = 4
+dim = 3
+
+[sampler]
+name = "qlsd#"
+step_size = 1e-3
+batch_size = 10
+compression = {{ bits = 4 }}
+participation = {{ p = 0.5, scaling = "inverse_probability" }}
+
+[run]
+seed = 1
+num_chains = {chains}
+num_iterations = 200
+
+[privacy]
+delta = 1e-5
+clip = 5.0
+accountant = "{accountant}"
+"""
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_the_recorded_epsilon_composes_every_released_chain(accountant):
+    """Each chain is an independent run of the mechanism on the same data and posterior.nc
+    releases them all: the record's epsilon is dp_accounting's for rounds x chains mechanisms,
+    recomputed here from the mechanism itself (QLSD#, gamma = 1e-3, C = 5, p = 0.5 with 1/p weights:
+    z = sqrt(2 / gamma) / (C / p) = 4.472136; a record moves one upload within C: z / 2, no sampling)."""
+    import dp_accounting
+    from dp_accounting import pld, rdp
+
+    from fedmcmc.app import config
+
+    z = (2 / 1e-3) ** 0.5 / (5.0 / 0.5)
+    assert z == pytest.approx(4.472136, abs=1e-6)
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    for chains in (1, 2, 4):
+        _, built = config.from_text(CHAINS.format(chains=chains, accountant=accountant))
+        record = built.privacy
+        assert record["rounds"] == 200 and record["chains"] == chains
+        events = {"client": dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)),
+                  "record": dp_accounting.GaussianDpEvent(z / 2)}
+        for level, event in events.items():
+            acc = pld.PLDAccountant(relation) if accountant == "pld" else rdp.RdpAccountant(neighboring_relation=relation)
+            acc.compose(dp_accounting.SelfComposedDpEvent(event, 200 * chains))
+            assert record[level]["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-12), (level, chains)
+        if chains == 2 and accountant == "rdp":  # 400 mechanisms, not the 200 of one chain (8.31)
+            assert record["client"]["epsilon"] == pytest.approx(12.54, abs=0.01)
+
+
+def test_the_seed_is_left_out_unless_published_and_then_listed_as_not_covered():
+    """Whoever knows the seed knows the noise: release = "all" writes the config without it; with
+    publish_seed = true it is written and listed in not_covered, as is the public default seed."""
+    from fedmcmc.app import config
+    from fedmcmc.app.privacy import released
+
+    payload = {"config": {"run": {"seed": 1, "num_chains": 2}}, "settings": {"config": {"run": {"seed": 1}}}}
+    for privacy, seeded, fragment in (("delta = 1e-5\nclip = 1.0", True, None),
+                                      ("delta = 1e-5\nclip = 1.0\npublish_seed = true", True, "publish_seed = true"),
+                                      ("delta = 1e-5\nclip = 1.0", False, "the default, 0, is public")):
+        text = CONFIG.format(privacy=privacy, sampler="qlsd#")
+        _, built = config.from_text(text if seeded else text.replace("seed = 1\n", ""))
+        seeds = [entry for entry in built.privacy["not_covered"] if entry.startswith("the seed")]
+        assert seeds == ([] if fragment is None else [seeds[0]]) and (fragment is None or fragment in seeds[0])
+        out = released(built.privacy, payload)
+        published = built.privacy["publish_seed"]
+        assert ("seed" in out["config"]["run"]) == published == ("seed" in out["settings"]["config"]["run"])
+        assert out["config"]["run"]["num_chains"] == 2
+
+
+@pytest.mark.parametrize("chains", [1, 2])
+def test_secure_aggregation_records_epsilon_against_a_client_that_sees_participation(chains):
+    """Under secure aggregation every active client receives the active sets, so Poisson
+    participation does not amplify against it: the record's another_client is dp_accounting's
+    Gaussian of z over K rounds at delta / 2, K the 1 - delta / 2 quantile of Binomial(rounds x
+    chains, p) (the rounds the protected client enters), recomputed here."""
+    import dp_accounting
+    from dp_accounting import rdp
+    from scipy.stats import binom
+
+    from fedmcmc.app import config
+
+    text = CHAINS.format(chains=chains, accountant="rdp").replace(
+        "bits = 4", "bits = 4, fixed_point = { fraction_bits = 16, max_abs = 100.0 }") + \
+        "\n[flower]\nsecure_aggregation = true\n"
+    record = config.from_text(text)[1].privacy
+    z, entered = (2 / 1e-3) ** 0.5 / (5.0 / 0.5), int(binom.isf(0.5e-5, 200 * chains, 0.5))
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), entered))
+    assert record["another_client"] == {"epsilon": pytest.approx(acc.get_epsilon(0.5e-5), rel=1e-12),
+                                        "delta": 1e-5, "rounds_entered": entered}
+    assert record["another_client"]["epsilon"] > record["client"]["epsilon"]  # no amplification
+    assert "another_client" not in config.from_text(CHAINS.format(chains=chains, accountant="rdp"))[1].privacy

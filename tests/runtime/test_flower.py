@@ -96,6 +96,7 @@ def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_p
     assert (out / "posterior.nc").exists()
     assert res_json == payload and res_json["flower"]["engine"] == "simulation"
     assert res_json["flower"]["wire_bits_mismatch"] == 0 and res_json["flower"]["rejected_uploads"] == 0
+    assert res_json["flower"]["replayed_uploads"] == 0 and res_json["flower"]["copied_uploads"] == 0
     # the posterior check of a Flower run: the server of a [problem] finds the mode (too few rounds to conclude)
     assert res_json["laplace"]["available"] is True and res_json["posterior_check"]["passed"] is None
     assert res_json["upload_bits_per_chain"] == float(ref.total_bits_up.mean())
@@ -106,7 +107,7 @@ def test_wire_rejects_malformed_uploads():
     like = [jax.ShapeDtypeStruct((4,), np.float32)]
     v = np.array([1.0, -2.0, 0.5, 0.0], np.float32)
     enc = encode_upload([v])
-    out, bits = decode_upload(enc.codecs, enc.blobs, like, 1e8)
+    out, bits, _ = decode_upload(enc.codecs, enc.blobs, like, 1e8)
     np.testing.assert_array_equal(out[0], v)
     assert bits == enc.bits == 128
     # a compressor's message travels whole, as its QSGD code, and comes back field for field
@@ -114,7 +115,7 @@ def test_wire_rejects_malformed_uploads():
     message, _, info = q.apply(jax.random.key(0), jnp.asarray(v), q.init(v))
     message_like = [jax.eval_shape(lambda: message)]
     enc = encode_upload([jax.tree_util.tree_map(np.asarray, message)])
-    fields, bits = decode_upload(enc.codecs, enc.blobs, message_like, 1e8)
+    fields, bits, _ = decode_upload(enc.codecs, enc.blobs, message_like, 1e8)
     assert enc.codecs == ["qsgd/16"] and bits == enc.bits == int(info.bits)
     for got, want in zip(fields, message):
         np.testing.assert_array_equal(got, np.asarray(want))
@@ -180,6 +181,50 @@ def test_faults_failed_and_malformed_clients_are_inactive_and_never_applied(tmp_
     # float32 sums of 18 terms in another order: a few ulps of the largest term each
     atol = 18 * 4 * np.finfo(np.float32).eps * np.abs(memories).max()
     np.testing.assert_allclose(np.sum(memories, axis=0), server_memory, rtol=0, atol=atol)
+
+
+#: QLSD++ with full participation and float32 uploads (no compression): one part, one f32 array per chain.
+PLAIN = QLSD_PP.replace("compression = { bits = 4 }\n", "").replace(
+    "participation = { p = 0.7, scaling = \"inverse_probability\" }\n", "")
+
+
+def test_an_upload_far_above_the_runs_own_norms_is_rejected_by_default(tmp_path):
+    """``max_upload_norm = "auto"``: client 1's upload of norm 1e7 in round 3 (below the fixed 1e8
+    that bounded uploads before) is rejected; every honest upload is applied."""
+    def faults(kind, k, i, reply):
+        if kind == "round" and (k, i) == (3, 1):
+            for c in reply["chains"]:
+                assert list(reply[f"codecs/{c}"]) == ["f32"]
+                reply[f"blob/{c}/0"] = np.full(5, 1e7 / np.sqrt(5), np.float32).tobytes()
+        return reply
+
+    server = ServerRuntime(PLAIN, tmp_path, config.from_text)
+    res = server.run(LocalTransport(PLAIN, 3, config.from_text, faults))
+    assert server.stats["rejected_uploads"] == 1 and server.stats["missing_replies"] == 0  # the honest ones applied
+    assert np.max(np.abs(res.samples)) < 1e3
+
+
+def test_replayed_and_copied_uploads_are_counted(tmp_path):
+    """Client 1 sends its round-1 bytes again in round 4 (a replay) and client 2 sends client 1's
+    bytes of round 2 as its own (a copy): both counted per chain, and reported in the stats."""
+    kept = {}
+
+    def faults(kind, k, i, reply):
+        if kind != "round":
+            return reply
+        blobs = {name: reply[name] for name in reply if name.startswith(("blob/", "codecs/"))}
+        if (k, i) in ((1, 1), (2, 1)):
+            kept[k] = blobs
+        if (k, i) == (4, 1):
+            reply.update(kept[1])
+        if (k, i) == (2, 2):
+            reply.update(kept[2])
+        return reply
+
+    server = ServerRuntime(PLAIN, tmp_path, config.from_text)
+    server.run(LocalTransport(PLAIN, 3, config.from_text, faults))
+    assert server.stats["replayed_uploads"] == 2 and server.stats["copied_uploads"] == 2
+    assert server.stats["rejected_uploads"] == 0
 
 
 def test_server_resumes_after_a_restart_with_the_same_samples(tmp_path):

@@ -56,14 +56,14 @@ def test_double_masks_cancel_a_dropout_is_unmasked_and_a_late_upload_stays_maske
     late = pairwise_only.view(np.int32)
     assert np.mean(late == q[2]) < 0.01  # still hidden by its self-mask
     np.testing.assert_array_equal(late - secagg.mask(own[2], d).view(np.int32), q[2])  # ... and by it alone
-    answered = secagg.check_reveal([], k, chain, 0, [2])
+    masked = secagg.check_mask([], k, chain, active)
+    answered = secagg.check_reveal([], k, chain, 0, [2], masked, "keys")
     with pytest.raises(ValueError, match="declared dropped"):
-        secagg.check_reveal(answered, k, chain, 2, [2])  # client 2 keeps its self seed
-    with pytest.raises(ValueError, match="was answered for the dropped clients"):
-        secagg.check_reveal(answered, k, chain, 0, [])  # ... and client 0 its other set
-    assert secagg.check_reveal(answered, k, chain, 0, [2]) == answered + [[k, chain, [2]]]  # a repeat is harmless
+        secagg.check_reveal(answered, k, chain, 2, [2], masked, "keys")  # client 2 keeps its self seed
+    with pytest.raises(ValueError, match="was already answered for the dropped clients"):
+        secagg.check_reveal(answered, k, chain, 0, [], masked, "keys")  # ... and client 0 its other set
     with pytest.raises(ValueError, match="older than"):
-        secagg.check_reveal([[k + secagg.MEMORY + 1, 0, []]], k, chain, 0, [])
+        secagg.check_reveal([[k + secagg.MEMORY + 1, 0, [], "keys"]], k, chain, 0, [], masked, "keys")
     assert set(protocol_seconds(3, 10, repeats=1)) == {"clients_masking", "server_unmasking",
                                                        "server_unmasking_one_dropout"}  # the bench runs
     # sums beyond the int32 range wrap alike in the protocol and in the sampler's int32 sum
@@ -114,7 +114,10 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
             raise Crash("server killed")
         return drop(kind, k, i, reply)
 
-    text = QLSD_PP_GRID.replace("num_iterations = 6", "num_iterations = 4").replace("chunk_size = 4", "chunk_size = 2")
+    # every chain keeps 2 active clients or more in every round, client 1's failure included (a secure round
+    # with fewer survivors applies no client, where the plain run applies the survivor's upload)
+    text = (QLSD_PP_GRID.replace("num_iterations = 6", "num_iterations = 4").replace("chunk_size = 4", "chunk_size = 2")
+            .replace("p = 0.7", "p = 0.8").replace("seed = 3", "seed = 6"))
     runs = {}
     for secure, faults in ((False, None), (False, drop), (True, crash)):
         t = text + ("\n[flower]\nsecure_aggregation = true\n" if secure else "")
@@ -152,7 +155,7 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
     ask = {"kind": "secagg_reveal", "state_dir": None, "k": 1, "chains": [0], "dropped": [[2]]}
     with pytest.raises(ValueError, match="declared dropped"):  # client 2's self seed of chain 0 stays secret
         transport.clients[2].handle(ask, transport.stores[2])
-    with pytest.raises(ValueError, match="was answered for the dropped clients"):  # one set per round and chain
+    with pytest.raises(ValueError, match="was already answered for the dropped clients"):  # once per round, chain
         transport.clients[0].handle({**ask, "dropped": [[]]}, transport.stores[0])
     publics = b"".join(secagg.keypair()[1] for _ in range(3))  # a man in the middle's keys, relayed unsigned
     with pytest.raises(RuntimeError, match="carry no signature"):
@@ -174,3 +177,83 @@ def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
         ServerRuntime(QLSD_PP + "\n[flower]\nsecure_aggregation = true\n", tmp_path / "no", config.from_text)
     with pytest.raises(ValueError, match="secure_aggregation must be true or false"):
         ServerRuntime(text + "\n[flower]\nsecure_aggregation = 1\n", tmp_path / "no", config.from_text)
+
+
+def test_a_grid_whose_sum_could_wrap_is_refused_where_it_is_chosen():
+    """40 clients at max_abs = 1000 on the grid 2^-16: 40 B = 2.6e9 >= 2^31, so 40 uploads of about
+    994 would sum to a wrapped int32; refused in one line naming the largest fraction_bits that fits."""
+    spec = {"bits": 4, "fixed_point": {"fraction_bits": 16, "max_abs": 1000.0}}
+    with pytest.raises(ValueError, match=r"40 clients x .* reaches 2\*\*31.*set fraction_bits <= 15$"):
+        resolve_compressor(spec, clients=40)
+    assert resolve_compressor(spec, clients=32).name.startswith("fixed_point")  # 32 B < 2^31
+    text = QLSD_PP_GRID.replace("num_clients = 3", "num_clients = 40")
+    assert "num_clients = 40" in text
+    with pytest.raises(ValueError, match="the int32 sum of the uploads can wrap; set fraction_bits <= 15"):
+        config.from_text(text)
+
+
+def test_a_sum_of_fewer_than_two_clients_is_never_revealed():
+    """The client's rules: it masks a round and chain for at least secure_min_clients (2) active
+    clients and for one active set only (a server that sends the round again with the client alone
+    is refused), and reveals only for a round and chain it masked, while 2 of its active clients
+    survive, once per key pair and for one dropped set whatever the keys."""
+    k, chain = 5, 0
+    with pytest.raises(ValueError, match="1 active client"):
+        secagg.check_mask([], k, chain, [0])
+    masked = secagg.check_mask([], k, chain, [0, 1])
+    assert secagg.check_mask(masked, k, chain, [1, 0]) == masked  # the same set again (a resumed server)
+    with pytest.raises(ValueError, match="was masked for the active clients"):
+        secagg.check_mask(masked, k, chain, [0, 2])
+    with pytest.raises(ValueError, match="fewer than the 2"):
+        secagg.check_reveal([], k, chain, 0, [1], masked, "keys")  # the survivor's sum is its upload
+    with pytest.raises(ValueError, match="was not masked by this client"):
+        secagg.check_reveal([], k + 1, chain, 0, [], masked, "keys")
+    answered = secagg.check_reveal([], k, chain, 0, [], masked, "keys")
+    with pytest.raises(ValueError, match="already answered"):
+        secagg.check_reveal(answered, k, chain, 0, [], masked, "keys")
+    assert secagg.check_reveal(answered, k, chain, 0, [], masked, "new keys")[-1] == [k, chain, [], "new keys"]
+    with pytest.raises(ValueError, match="already answered"):  # new keys, another dropped set: another sum
+        secagg.check_reveal(answered, k, chain, 0, [1], secagg.check_mask([], k, chain, [0, 1, 2]), "new keys")
+
+
+def test_a_secure_server_refuses_one_survivor_replays_and_forged_words(tmp_path):
+    """In process: two clients active in a chain, one failing, leave one survivor: its upload is not
+    unmasked (no client applied, counted). A client's masked upload replayed from an earlier round,
+    and random words, unmask to a sum outside n B and are rejected (counted); a client asked to mask
+    a round again with itself alone refuses."""
+    text = QLSD_PP_GRID.replace("num_iterations = 6", "num_iterations = 4").replace("chunk_size = 4", "chunk_size = 2")
+    text += "\n[flower]\nsecure_aggregation = true\n"  # chain 1 of round 0: clients 0 and 1 active
+
+    def drop(kind, k, i, reply):
+        return None if (kind == "round" and k == 0 and i == 1) else reply
+
+    server = ServerRuntime(text, tmp_path / "one", config.from_text)
+    transport = LocalTransport(text, 3, config.from_text, drop)
+    server.run(transport)
+    assert server.stats["secagg_too_few"] >= 1 and server.stats["missing_replies"] == 1
+    alone = {"kind": "round", "state_dir": None, "k": 0, "secure": 1, "keep": 4,
+             "broadcast": [], "mask": [np.array([True, True])], "accepted_round": [np.array([-1, -1], np.int32)],
+             "active": [np.array([[True, False, False], [True, False, False]])]}
+    with pytest.raises(ValueError, match="1 active client"):
+        transport.clients[0].handle(alone, transport.stores[0])
+    again = {**alone, "active": [np.array([[True, False, True], [True, True, True]])]}
+    with pytest.raises(ValueError, match="was masked for the active clients"):
+        transport.clients[0].handle(again, transport.stores[0])
+
+    first = {}
+
+    def replay(kind, k, i, reply):  # client 0 sends its round-0 upload again in round 2; client 2 random words
+        if kind == "round" and i == 0 and reply is not None:
+            if k == 0:
+                first.update({key: value for key, value in reply.items() if key.startswith("masked/")})
+            elif k == 2:
+                reply.update({key: value for key, value in first.items() if key in reply})
+        if kind == "round" and i == 2 and k == 3 and reply is not None:
+            rng = np.random.default_rng(1)
+            reply.update({key: [rng.integers(0, 2 ** 32, len(value[0]), dtype=np.uint64).astype(np.uint32)]
+                          for key, value in reply.items() if key.startswith("masked/")})
+        return reply
+
+    server = ServerRuntime(text, tmp_path / "replay", config.from_text)
+    res = server.run(LocalTransport(text, 3, config.from_text, replay))
+    assert server.stats["secagg_out_of_range"] >= 2 and np.isfinite(res.samples).all()

@@ -10,12 +10,16 @@
     record_clip = 5.0     # C_r, one record's gradient norm (fedmcmc.models.clipped_gradients)
     accountant = "rdp"    # or "pld"
     release = "all"       # or "draws": write only what the (epsilon, delta) covers
+    publish_seed = false  # true: write [run] seed into the outputs (listed as not covered)
 
 With a budget and no bound for its level (``clip`` for clients, ``record_clip`` for records),
 the largest bound that meets the budget is chosen; with a bound that misses the budget the run
 is refused, naming the bound and the number of rounds that would meet it. The run's results
-record ``privacy``: the bounds, the rounds and both levels' (epsilon, delta), or why a level
-has none (:func:`fedmcmc.privacy.account`), and ``not_covered``: what the outputs hold that the
+record ``privacy``: the bounds, the rounds, the chains (every released chain is composed: the
+accountant counts ``rounds x chains`` mechanisms) and both levels' (epsilon, delta), or why a level
+has none (:func:`fedmcmc.privacy.account`); under ``[flower] secure_aggregation`` also
+``another_client``, the client level against a client that sees the active sets
+(:func:`fedmcmc.privacy.mechanisms.against_clients`); and ``not_covered``: what the outputs hold that the
 (epsilon, delta) does not cover. ``release = "draws"`` strips those from the outputs
 (:func:`released`; ``posterior.nc`` keeps its ``posterior`` group alone) and refuses a run whose
 draws themselves depend on the data without noise (an "auto" step, standardised ``[data]``).
@@ -40,7 +44,15 @@ __all__ = ["KEYS", "RELEASES", "settle", "attrs", "draws_only", "released"]
 _UNCOVERED = ["sample_stats bits_up, bits_down and active_clients", "the bits and participation in results.json and "
               "summary.json", "the held-out points (log_likelihood, observed_data, predictive metrics, "
               "reliability.png)", "each client's counts (inputs.clients)", "the data's scaling and split",
-              "timings and a Flower run's counts", "what the server sees of each upload"]
+              "the Laplace approximation at the mode (results.json laplace) and the posterior check against it "
+              "(posterior_check, posterior_check_passed, exit code 4)", "the mode search's rounds and bits "
+              "(theta_star)", "a [problem] run's errors against its exact posterior", "timings and a Flower run's counts",
+              "what the server sees of each upload"]
+#: The seed's entry of ``not_covered`` when the outputs carry it (publish_seed = true) or it is the public default.
+_SEED = {"published": "the seed: [privacy] publish_seed = true writes [run] seed into results.json, summary.json and "
+                      "posterior.nc, and whoever holds it can subtract the noise",
+         "default": "the seed: [run] seed is not set and the default, 0, is public, so anyone can subtract the "
+                    "noise; set a secret [run] seed"}
 #: What release = "draws" still writes that the accountant does not cover (what it cannot strip is refused).
 _DRAWS_UNCOVERED = ["the seed: 32 bits (JAX's PRNGKey) of a secret; the run folder's config.toml and chunks/ "
                     "(the checkpoint) hold it and everything else: keep them private",
@@ -53,7 +65,7 @@ _RELEASED = {"config", "sampler", "num_draws", "diagnostics", "step", "privacy",
              "num_stored_draws", "stored_every", "warnings", "convergence", "step_size", "settings", "task", "num_classes",
              "feature_names", "class_names", "scaling", "input_shape"}
 RELEASES = ("all", "draws")
-KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant", "release"}
+KEYS = {"epsilon", "delta", "level", "clip", "record_clip", "accountant", "release", "publish_seed"}
 
 
 def _positive(section: dict, key: str, error) -> float | None:
@@ -76,6 +88,12 @@ def _checked(section: dict, error) -> dict:
     p["release"] = section.get("release", "all")
     if p["release"] not in RELEASES:
         raise error(f"[privacy] release must be one of {RELEASES} (got {p['release']!r})")
+    p["publish_seed"] = section.get("publish_seed", False)
+    if not isinstance(p["publish_seed"], bool):
+        raise error(f"[privacy] publish_seed must be true or false (got {p['publish_seed']!r})")
+    if p["publish_seed"] and p["release"] == "draws":
+        raise error('[privacy] publish_seed = true contradicts release = "draws" (the seed reveals the noise); '
+                    "drop one of them")
     return p
 
 
@@ -93,7 +111,7 @@ def _draws_only(cfg: dict, error) -> None:
                     "the data without noise (scale the inputs with public constants beforehand)")
 
 
-def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict):
+def _setting(name: str, args: dict, data, pooled: bool, rounds: int, chains: int, p: dict):
     from fedmcmc.privacy import Setting
     scheme = args.get("participation")
     probs = 1.0 if scheme is None else scheme.probs
@@ -110,7 +128,8 @@ def _setting(name: str, args: dict, data, pooled: bool, rounds: int, p: dict):
                    compressor is not None and compressor.name != "identity",
                    {key: args[key] for key in ("weights", "correlation", "local_steps", "debiased", "probs", "memory",
                                                "memory_rate")
-                    if key in args})  # a key not set keeps the builder's default, the mapping's too
+                    if key in args},  # a key not set keeps the builder's default, the mapping's too
+                   int(chains))
 
 
 def _largest(ok, low: float, high: float, integer: bool = False, rtol: float = 1e-4):
@@ -163,8 +182,10 @@ def _budget(name: str, s, p: dict, error):
         raise error(f"[privacy] epsilon for {name} at level {level!r}: {err}") from None
     bound = _largest(lambda c: ok(s._replace(**{knob: c})), 1e-6, getattr(s, knob))
     rounds = _largest(lambda t: ok(s._replace(rounds=t)), 1, s.rounds, integer=True)
+    chains = _largest(lambda c: ok(s._replace(chains=c)), 1, s.chains, integer=True) if s.chains > 1 else None
     fixes = [f"[privacy] {knob} <= {bound:.4g}" if bound else None,
-             f"[run] num_iterations <= {rounds}" if rounds else None]
+             f"[run] num_iterations <= {rounds}" if rounds else None,
+             f"[run] num_chains <= {chains}" if chains else None]
     eps = account(name, s, p["delta"], p["accountant"])[level]["epsilon"]
     fix = " or ".join(f for f in fixes if f) or "raise epsilon (no bound or number of rounds meets it)"
     raise error(f"[privacy] the run's {level}-level epsilon is {eps:.4g} > epsilon = {p['epsilon']:g}; set {fix}")
@@ -178,10 +199,11 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
     if "privacy" not in cfg:
         return args, None
     from fedmcmc.privacy import MAPPINGS, account
+    from fedmcmc.privacy.mechanisms import against_clients
     p = _checked(cfg["privacy"], error)
     if name not in MAPPINGS:
         raise error(f"[privacy] has no mapping for sampler {name}")
-    s = _setting(name, args, data, pooled, cfg["run"]["num_iterations"], p)
+    s = _setting(name, args, data, pooled, cfg["run"]["num_iterations"], cfg["run"]["num_chains"], p)
     if p["epsilon"] is not None:
         s = _budget(name, s, p, error)
     args = dict(args)
@@ -189,19 +211,25 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
         args["model"] = clipped_gradients(args["model"], s.record_clip)
     if s.clip is not None and "compressor" in args:
         try:  # on a fixed_point grid, inside it: the bound holds for the grid values the server sums
-            args["compressor"] = resolve_clipped(cfg["sampler"].get("compression"), s.clip, args["model"].dim)
+            args["compressor"] = resolve_clipped(cfg["sampler"].get("compression"), s.clip, args["model"].dim,
+                                                 data.num_clients)
         except ValueError as err:
             raise error(f"[privacy] clip: {err}") from None
     levels = account(name, s, p["delta"], p["accountant"])
+    if cfg.get("flower", {}).get("secure_aggregation") is True:  # every active client sees the active sets
+        levels["another_client"] = against_clients(name, s, p["delta"], p["accountant"])
     if p["release"] == "draws":
         _draws_only(cfg, error)
         uncovered = _DRAWS_UNCOVERED
     else:
-        uncovered = _UNCOVERED + (["step_size = \"auto\" (the curvature at the mode)"]
-                                  if cfg["sampler"].get("step_size") == "auto" else [])
+        seed = "published" if p["publish_seed"] else "default" if "seed" not in cfg["run"] else None
+        uncovered = ([_SEED[seed]] if seed else []) + _UNCOVERED + (
+            ["step_size = \"auto\" (the curvature at the mode)"] if cfg["sampler"].get("step_size") == "auto" else [])
     budget = None if p["epsilon"] is None else {"epsilon": p["epsilon"], "level": p["level"]}
-    return args, {"clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "accountant": p["accountant"],
-                  "budget": budget, **levels, "release": p["release"], "not_covered": uncovered}
+    return args, {"clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "chains": s.chains,
+                  "accountant": p["accountant"],
+                  "budget": budget, **levels, "release": p["release"], "publish_seed": p["publish_seed"],
+                  "not_covered": uncovered}
 
 
 def attrs(record: dict | None) -> dict:
@@ -214,15 +242,26 @@ def draws_only(record: dict | None) -> bool:
     return record is not None and record.get("release") == "draws"
 
 
-def released(record: dict | None, payload: dict) -> dict:
-    """``payload`` (results.json, summary.json) as written: whole, or under ``release = "draws"``
-    only the keys of ``_RELEASED`` (the settings, the (epsilon, delta) and functions of the draws),
-    in its ``settings`` and ``inputs`` too (whose ``clients``, the counts, become ``[]``), and
-    the config without ``[run] seed``."""
-    if not draws_only(record):
-        return payload
-    out = {key: released(record, value) if key in ("settings", "inputs") and isinstance(value, dict) else value
-           for key, value in payload.items() if key in _RELEASED}
+def _seedless(payload: dict) -> dict:
+    """``payload`` with its config (its own, or its ``settings``') without ``[run] seed``."""
+    out = {key: _seedless(value) if key == "settings" and isinstance(value, dict) else value
+           for key, value in payload.items()}
     if isinstance(out.get("config"), dict) and "run" in out["config"]:  # the noise is drawn from the seed: secret
         out["config"] = {**out["config"], "run": {k: v for k, v in out["config"]["run"].items() if k != "seed"}}
+    return out
+
+
+def released(record: dict | None, payload: dict) -> dict:
+    """``payload`` (results.json, summary.json, posterior.nc's attributes) as written: under
+    ``[privacy]`` the config without ``[run] seed`` (the noise is drawn from it) unless
+    ``publish_seed = true``; whole otherwise, or under ``release = "draws"`` only the keys of
+    ``_RELEASED`` (the settings, the (epsilon, delta) and functions of the draws), in its
+    ``settings`` and ``inputs`` too (whose ``clients``, the counts, become ``[]``)."""
+    if record is None:
+        return payload
+    if not draws_only(record):
+        return payload if record.get("publish_seed") else _seedless(payload)
+    out = {key: released(record, value) if key in ("settings", "inputs") and isinstance(value, dict) else value
+           for key, value in payload.items() if key in _RELEASED}
+    out = _seedless(out)
     return {**out, "clients": []} if "clients" in payload else out  # inputs: the counts out, the fields kept

@@ -49,19 +49,20 @@ def _grid(spec) -> tuple:
     return {k: v for k, v in spec.items() if k != "fixed_point"} or None, grid
 
 
-def resolve_clipped(spec, bound: float, dim: int) -> Compressor:
+def resolve_clipped(spec, bound: float, dim: int, clients: int = 1) -> Compressor:
     """:func:`resolve_compressor`'s compressor for ``spec`` whose uploads, as the server sums them,
     have norm at most ``bound``: :func:`~fedmcmc.compression.clipped` around it, or, for a spec
     with ``fixed_point``, inside the grid with the bound lowered by the grid's rounding
-    (:func:`~fedmcmc.compression.fixed_point.grid_clip`, for uploads of dimension ``dim``)."""
+    (:func:`~fedmcmc.compression.fixed_point.grid_clip`, for uploads of dimension ``dim``) and
+    checked for sums of ``clients`` uploads."""
     rest, grid = _grid(spec)
     if grid is None:
         return clipped(resolve_compressor(spec), bound)
     inner = clipped(resolve_compressor(rest), grid_clip(bound, grid["fraction_bits"], dim))
-    return fixed_point(inner, grid["fraction_bits"], grid["max_abs"])
+    return fixed_point(inner, grid["fraction_bits"], grid["max_abs"], clients)
 
 
-def resolve_compressor(spec) -> Compressor:
+def resolve_compressor(spec, clients: int = 1) -> Compressor:
     """Build a compressor from a configuration value.
 
     Parameters
@@ -76,6 +77,9 @@ def resolve_compressor(spec) -> Compressor:
           {"fraction_bits": p, "max_abs": M}``: that compressor wrapped in
           :func:`~fedmcmc.compression.fixed_point.fixed_point`;
         * a :class:`~fedmcmc.core.base.Compressor`: returned unchanged.
+    clients
+        How many uploads the server sums: a ``fixed_point`` grid whose int32 sum of that many
+        uploads could wrap is refused.
 
     Returns
     -------
@@ -100,7 +104,7 @@ def resolve_compressor(spec) -> Compressor:
         return quantization(spec)  # validates: integer >= 1
     rest, grid = _grid(spec)
     if grid is not None:
-        return fixed_point(resolve_compressor(rest), grid["fraction_bits"], grid["max_abs"])
+        return fixed_point(resolve_compressor(rest), grid["fraction_bits"], grid["max_abs"], clients)
     if isinstance(spec, Mapping):
         keys = set(spec)
         if keys == {"bits"}:

@@ -7,7 +7,7 @@ message ``x = C.decode(m)`` is put on the grid ``2^-p Z``,
 
 and the receiver's value of the message is ``q 2^-p``. The server aggregates the messages of the
 active clients by summing their integers first, ``S = sum_{i in A} q_i`` (int32, exact and
-independent of the order while ``|A| B < 2^31``), and converts once: ``w S 2^-p`` with ``w`` the
+independent of the order: ``b B < 2^31`` is checked where the grid is made), and converts once: ``w S 2^-p`` with ``w`` the
 clients' common weight. Because ``2^p`` is a power of two, ``x 2^p`` and the final ``2^-p`` are
 exact float32 operations, which no compiler rewrite changes, so every runtime computes the same
 ``q``; ``S`` becomes a float32 once, in the same way everywhere.
@@ -23,7 +23,7 @@ client's inner message zero).
 
 The grid adds a rounding error of at most ``2^-(p+1)`` per coordinate and clips coordinates
 beyond ``M`` (a bias, only where ``|x_j| > M``): choose ``M`` above the uploads' scale and ``p``
-as large as ``b B < 2^31`` allows. The weights of the active clients must be equal
+as large as ``b B < 2^31`` allows (a grid beyond it is refused, naming the largest ``p``). The weights of the active clients must be equal
 (:func:`check_uniform`): participation ``scaling = "active"`` or one ``p`` for all, and one
 memory rate for all.
 
@@ -69,8 +69,9 @@ class FixedPointMessage(NamedTuple):
     offset: Array
 
 
-def grid_bound(fraction_bits: int, max_abs: float) -> int:
-    """``B = round(max_abs 2^p)``, the largest ``|q|``, checked (``1 <= B < 2^31``)."""
+def grid_bound(fraction_bits: int, max_abs: float, clients: int = 1) -> int:
+    """``B = round(max_abs 2^p)``, the largest ``|q|``, checked: ``1 <= B`` and ``clients B < 2^31``,
+    so that the int32 sum of ``clients`` uploads cannot wrap."""
     if isinstance(fraction_bits, bool) or not isinstance(fraction_bits, (int, np.integer)) \
             or not 0 <= fraction_bits <= MAX_FRACTION_BITS:
         raise ValueError(f"fixed_point fraction_bits must be an integer in [0, {MAX_FRACTION_BITS}] "
@@ -81,6 +82,11 @@ def grid_bound(fraction_bits: int, max_abs: float) -> int:
     if not 1 <= bound < 2 ** 31:
         raise ValueError(f"fixed_point max_abs * 2**fraction_bits = {bound} must lie in [1, 2**31); "
                          "lower fraction_bits or max_abs")
+    if int(clients) * bound >= 2 ** 31:
+        bits = math.floor(math.log2((2 ** 31 - 1) / (int(clients) * float(max_abs))))
+        fix = f"fraction_bits <= {bits}" if bits >= 0 else f"max_abs < {(2 ** 31 - 1) / int(clients):.4g}"
+        raise ValueError(f"fixed_point: {clients} clients x max_abs * 2**fraction_bits = {int(clients) * bound} "
+                         f"reaches 2**31, so the int32 sum of the uploads can wrap; set {fix}")
     return bound
 
 
@@ -115,7 +121,7 @@ def grid_clip(bound: float, fraction_bits: int, dim: int) -> float:
     return bound - margin
 
 
-def fixed_point(compressor: Compressor, fraction_bits: int, max_abs: float) -> Compressor:
+def fixed_point(compressor: Compressor, fraction_bits: int, max_abs: float, clients: int = 1) -> Compressor:
     """Put ``compressor``'s decoded messages on the grid ``2^-p Z`` clipped to ``[-M, M]``
     (see the module docstring).
 
@@ -126,7 +132,9 @@ def fixed_point(compressor: Compressor, fraction_bits: int, max_abs: float) -> C
     fraction_bits
         ``p``: the grid step is ``2^-p``.
     max_abs
-        ``M``: coordinates are clipped to ``[-M, M]``; ``B = round(M 2^p) < 2^31``.
+        ``M``: coordinates are clipped to ``[-M, M]``; ``B = round(M 2^p)``.
+    clients
+        ``b``, the most uploads the server sums: ``b B < 2^31`` is checked (:func:`grid_bound`).
 
     Returns
     -------
@@ -135,7 +143,7 @@ def fixed_point(compressor: Compressor, fraction_bits: int, max_abs: float) -> C
         ``(q + offset) 2^-p`` (float32) and ``aggregate(weights, messages)`` the weighted sum of
         the active clients' values from their integer sum (:func:`weighted_sum`).
     """
-    bound = grid_bound(fraction_bits, max_abs)
+    bound = grid_bound(fraction_bits, max_abs, clients)
     up, down = jnp.float32(2.0 ** fraction_bits), jnp.float32(2.0 ** -fraction_bits)
 
     def integers(inner) -> Array:

@@ -5,7 +5,8 @@
   RDP or PLD accountant.
 * :mod:`fedmcmc.privacy.mechanisms` -- the mapping from a sampler's settings to its rounds'
   mechanisms, one function per registered sampler (:data:`MAPPINGS`), with the derivations;
-  :func:`account` gives client- and record-level (epsilon, delta), or the reason why not.
+  :func:`account` gives client- and record-level (epsilon, delta), or the reason why not;
+  :func:`~fedmcmc.privacy.mechanisms.against_clients` the client level against a client that sees participation.
 
 The clipping that bounds the sensitivities lives where it acts:
 :func:`fedmcmc.compression.clipped` (a client's decoded upload) and

@@ -20,6 +20,19 @@ post-processing of the whole trajectory, and standard composition bounds nothing
 (Privacy amplification by iteration, Feldman et al. 2018, would need a contractive chain and
 is not used.)
 
+**Every released chain counts.** Each chain is an independent run of the mechanism on the same
+data (its own noise, minibatches and participation), and the outputs release all of them, so a
+run of ``chains`` chains of ``rounds`` rounds is the composition of ``rounds x chains``
+mechanisms (:attr:`Setting.chains`).
+
+**Against another client.** Poisson participation amplifies only while it is hidden. Under
+secure aggregation every active client receives the round's active sets (it needs them to
+derive its pairwise masks), so another client knows the rounds the protected client entered.
+Given them, the client level is the Gaussian of ``z`` over those rounds without sampling; their
+number is ``Binomial(rounds x chains, p)``, at most ``K``, its ``1 - delta / 2`` quantile, except
+with probability ``delta / 2``, so the guarantee is the Gaussian of ``z`` over ``K`` rounds at
+``delta / 2``, which makes ``(epsilon, delta)`` (:func:`against_clients`).
+
 **The mappings** (``C`` the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`,
 or on its grid value on a fixed-point grid, :func:`fedmcmc.compression.resolve_clipped`;
 ``C_r`` the per-record gradient bound, :func:`fedmcmc.models.clipped_gradients`; client ``i`` with
@@ -87,7 +100,7 @@ import numpy as np
 
 from fedmcmc.privacy.accountant import GaussianRounds, epsilon
 
-__all__ = ["Setting", "Bounds", "MAPPINGS", "KNOBS", "LEVELS", "account", "knob", "level_epsilon"]
+__all__ = ["Setting", "Bounds", "MAPPINGS", "KNOBS", "LEVELS", "account", "against_clients", "knob", "level_epsilon"]
 
 LEVELS = ("client", "record")
 
@@ -100,7 +113,7 @@ class Setting(NamedTuple):
     step_size
         ``gamma`` (QLSD#, SGLD) or ``eta`` (FA-LD), a constant.
     rounds
-        Rounds of the run (all of them: see the module docstring).
+        Rounds of one chain (all of them: see the module docstring).
     clip, record_clip
         ``C`` (decoded upload) and ``C_r`` (one record's gradient), or None.
     counts, batch_sizes
@@ -113,6 +126,9 @@ class Setting(NamedTuple):
     extra
         Sampler settings a mapping reads (FA-LD: ``weights``, ``correlation``, ``local_steps``,
         ``debiased``; DSGLD: ``probs``, ``local_steps``; QLSD++: ``memory``, ``memory_rate``).
+    chains
+        Chains released (each an independent run of ``rounds`` rounds on the same data): the
+        mechanisms compose ``rounds x chains`` times.
     """
 
     step_size: float
@@ -125,6 +141,7 @@ class Setting(NamedTuple):
     scaling: str
     compressed: bool
     extra: dict = {}
+    chains: int = 1
 
 
 #: Per level, alternative bounds; each bound is one mechanism per group of units (clients differ),
@@ -139,13 +156,18 @@ def _batches(s: Setting) -> np.ndarray:
     return np.minimum(np.broadcast_to(np.asarray(s.batch_sizes, np.int64), counts.shape), counts)
 
 
+def _composed(s: Setting) -> int:
+    """The mechanisms one unit's data goes through: every round of every released chain."""
+    return int(s.rounds) * int(s.chains)
+
+
 def _records(s: Setting, weights, sigma_over_gamma: float) -> tuple:
     """Per client: replacing one record under per-record clipping and minibatches (no compression)."""
     n, counts = _batches(s), np.asarray(s.counts, np.int64)
     out = []
     for w, n_i, big_n in zip(np.broadcast_to(weights, counts.shape), n, counts):
         z = sigma_over_gamma / (2 * w * (big_n / n_i) * s.record_clip)
-        out.append(GaussianRounds(z, s.rounds, "without_replacement", n_i / big_n, int(n_i), int(big_n)))
+        out.append(GaussianRounds(z, _composed(s), "without_replacement", n_i / big_n, int(n_i), int(big_n)))
     return tuple(out)
 
 
@@ -156,7 +178,7 @@ def _record_bounds(s: Setting, weights, sigma_over_gamma: float, client_z=None) 
     if s.record_clip is not None and not s.compressed:
         bounds.append(_records(s, weights, sigma_over_gamma))
     if client_z is not None:
-        bounds.append(tuple(GaussianRounds(z / 2, s.rounds) for z in np.atleast_1d(client_z)))
+        bounds.append(tuple(GaussianRounds(z / 2, _composed(s)) for z in np.atleast_1d(client_z)))
     if not bounds:
         return ["no bound on one record's influence: set [privacy] record_clip (uncompressed uploads) or clip"]
     return bounds
@@ -175,7 +197,7 @@ def _qlsd_sharp(s: Setting) -> Bounds:
         return {"client": [why], "record": [why]}
     weights = 1 / probs
     z = None if s.clip is None else root / (weights * s.clip)
-    client = _no_clip(s) or [tuple(GaussianRounds(zi, s.rounds, "poisson", p) for zi, p in zip(z, probs))]
+    client = _no_clip(s) or [tuple(GaussianRounds(zi, _composed(s), "poisson", p) for zi, p in zip(z, probs))]
     return {"client": client, "record": _record_bounds(s, weights, root, z)}
 
 
@@ -196,7 +218,7 @@ def _fa_ld(s: Setting) -> Bounds:
     w, rho, eta = np.asarray(e["weights"], float), float(e.get("correlation", 0.0)), s.step_size
     others = eta * np.sqrt((1 - rho) * (1 - w))  # the other clients' private momenta (the shared xi is conditioned on)
     z = None if s.clip is None else others / (w * s.clip)
-    client = _no_clip(s) or [tuple(GaussianRounds(zi, s.rounds) for zi in z)]
+    client = _no_clip(s) or [tuple(GaussianRounds(zi, _composed(s)) for zi in z)]
     # record level: the drift is (eta^2 / 2) sum_c H_c: gamma = eta^2 / 2, weight 1, sigma = eta
     return {"client": client, "record": _record_bounds(s, np.ones_like(w), eta / (eta**2 / 2), z)}
 
@@ -206,7 +228,7 @@ def _dsgld(s: Setting) -> Bounds:
         why = "DSGLD's draws are bounded through its records' gradients: set [privacy] record_clip"
         return {"client": [why], "record": [why]}
     f, n, counts = np.asarray(s.extra["probs"], float), _batches(s), np.asarray(s.counts, np.int64)
-    steps, root_h = s.rounds * int(s.extra["local_steps"]), math.sqrt(s.step_size)
+    steps, root_h = _composed(s) * int(s.extra["local_steps"]), math.sqrt(s.step_size)
     # a local step moves theta by (h / 2) (N_s / (f_s m)) sum_B clip(g_x) + sqrt(h) Z
     client = tuple(GaussianRounds(fs / (root_h * big * s.record_clip), steps) for fs, big in zip(f, counts))
     record = tuple(GaussianRounds(fs * m / (root_h * big * s.record_clip), steps, "without_replacement", m / big,
@@ -263,6 +285,29 @@ def level_epsilon(bounds, delta: float, accountant: str = "rdp") -> float:
     if isinstance(bounds[0], str):
         raise ValueError(bounds[0])
     return min(max(epsilon(m, delta, accountant) for m in set(groups)) for groups in bounds)
+
+
+def against_clients(name: str, setting: Setting, delta: float, accountant: str = "rdp") -> dict:
+    """The client level against a party that sees who takes part in every round (another client
+    under secure aggregation; the module docstring): ``{"epsilon", "delta", "rounds_entered"}``,
+    ``rounds_entered`` the most rounds a client enters but with probability ``delta / 2`` (all of
+    them without Poisson participation: then the client level itself), or ``{"refused": reason}``.
+    """
+    from scipy.stats import binom
+
+    bounds = MAPPINGS[name](setting)["client"]
+    if isinstance(bounds[0], str):
+        return {"refused": bounds[0]}
+    if not any(m.sampling == "poisson" and m.rate < 1 for groups in bounds for m in groups):
+        return {**account(name, setting, delta, accountant)["client"], "rounds_entered": _composed(setting)}
+
+    def seen(m: GaussianRounds) -> GaussianRounds:
+        if m.sampling != "poisson":
+            return m
+        return GaussianRounds(m.noise_multiplier, int(binom.isf(delta / 2, m.rounds, m.rate)))
+    bounds = [tuple(seen(m) for m in groups) for groups in bounds]
+    entered = max(m.rounds for groups in bounds for m in groups)
+    return {"epsilon": level_epsilon(bounds, delta / 2, accountant), "delta": delta, "rounds_entered": entered}
 
 
 def account(name: str, setting: Setting, delta: float, accountant: str = "rdp") -> dict:

@@ -107,6 +107,7 @@ class ClientRuntime:
             raise ValueError(f"partition id {index} out of range for {self.b} clients; start node i with "
                              "--node-config 'partition-id=i' for i in 0..num_clients-1")
         self.index = int(index)
+        self.minimum = int(flower_settings(self.cfg)["secure_min_clients"])
         r = self.cfg["run"]
         # The client's own data (never sent anywhere), as a vmap batch of ``width`` copies: XLA
         # compiles a batch of one differently from the simulator's batch of b clients (the
@@ -194,6 +195,8 @@ class ClientRuntime:
             k = int(msg["k"])
             accepted = from_leaves(msg["accepted_round"], [jax.ShapeDtypeStruct((C,), jnp.int32)])[0] == store["k"]
             mask = from_leaves(msg["mask"], flags)[0]
+            if msg.get("secure"):  # before any state changes: a refused round leaves the client as it was
+                self._check_masks(msg, store, k, mask)
             pending = unpack(store["pending"], self.cs_like)
             cs = jax.tree_util.tree_map(lambda p, c: np.where(accepted.reshape((-1,) + (1,) * (p.ndim - 1)), p, c),
                                         pending, committed)  # runtime.round.select, per chain
@@ -238,7 +241,7 @@ class ClientRuntime:
         if kind == "secagg_peers":
             if store.get("secagg_verify_keys"):
                 self._check_keys(bytes(msg["publics"]), msg.get("signatures"), Path(store["secagg_verify_keys"]))
-            store.update(secagg_publics=bytes(msg["publics"]), secagg_answered="[]")  # new keys: a fresh record
+            store["secagg_publics"] = bytes(msg["publics"])  # what it masked and answered stays remembered
             if state_dir is not None:  # a node that restarts keeps its keys
                 folder = state_dir / f"client{self.index}"
                 folder.mkdir(parents=True, exist_ok=True)
@@ -247,10 +250,11 @@ class ClientRuntime:
             return {"ok": 1}
         if kind == "secagg_reveal":  # per chain: the self seed, and the seeds with the dropped clients
             k, answered = int(msg["k"]), json.loads(store.get("secagg_answered", "[]"))
-            for c, dropped in zip(msg["chains"], msg["dropped"]):
-                answered = secagg.check_reveal(answered, k, int(c), self.index, dropped)  # raises: no reply
+            masked, private = json.loads(store.get("secagg_masked", "[]")), self._keys(store, state_dir)[0]
+            tag = hashlib.sha256(b"fedmcmc-secagg-tag|" + private).hexdigest()[:16]
+            for c, dropped in zip(msg["chains"], msg["dropped"]):  # raises: no reply
+                answered = secagg.check_reveal(answered, k, int(c), self.index, dropped, masked, tag, self.minimum)
             store["secagg_answered"] = json.dumps(answered)
-            private = self._keys(store, state_dir)[0]
             return {"self": b"".join(secagg.self_seed(private, k, int(c)) for c in msg["chains"]),
                     "seeds": b"".join(self._seed(store, state_dir, int(u), k, int(c))
                                       for c, dropped in zip(msg["chains"], msg["dropped"]) for u in dropped)}
@@ -289,6 +293,17 @@ class ClientRuntime:
         if pair not in cache:
             cache[pair] = secagg.pair_secret(pair[0], self.index, peer, public, self.key.encode())
         return secagg.round_seed(cache[pair], k, chain)
+
+    def _check_masks(self, msg: dict, store: dict, k: int, mask) -> None:
+        """Refuse a secure round whose active sets :func:`~fedmcmc.runtime.flower.secagg.check_mask`
+        forbids (too few clients, or another set than this round and chain had), else remember them."""
+        active = np.asarray(msg["active"][0], bool)
+        if active.shape != (mask.shape[0], self.b) or not np.array_equal(active[:, self.index], mask):
+            raise ValueError(f"round {k}: the active sets do not match this client's participation mask")
+        masked = json.loads(store.get("secagg_masked", "[]"))
+        for c in np.flatnonzero(mask):
+            masked = secagg.check_mask(masked, k, int(c), np.flatnonzero(active[c]).tolist(), self.minimum)
+        store["secagg_masked"] = json.dumps(masked)
 
     def _masked(self, msg: dict, store: dict, state_dir: Path | None, up, chains) -> dict:
         """The reply of a secure round: per chain, the grid integers masked for the chain's active

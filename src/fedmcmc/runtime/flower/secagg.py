@@ -27,9 +27,15 @@ The pairwise-masking protocol of Bonawitz et al. (CCS 2017), on the int32 grid i
   shares of a long-term key) and none needs replacing.
 * **Never both for one client** (:func:`check_reveal`, every client's rule): a client declared
   dropped does not reveal its self seed (its peers reveal their seeds with it), and a client
-  answers one dropped set per round and chain. So the masked upload of a client declared dropped,
-  arriving late or withheld, stays hidden behind its self-mask: the server holds its pairwise
-  seeds and never its ``b_u``. Left open: a server that tells ``u`` another dropped set than its
+  answers once per round and chain, for one dropped set whatever its keys. So the masked upload
+  of a client declared dropped, arriving late or withheld, stays hidden behind its self-mask: the
+  server holds its pairwise seeds and never its ``b_u``.
+* **No sum of fewer than ``MIN_CLIENTS``** (:func:`check_mask`, :func:`check_reveal`): a client
+  masks a round and chain for one active set only, of at least ``[flower] secure_min_clients``
+  (default and least 2) clients, and reveals only while that many of them survive; the server
+  applies no client of a chain with fewer survivors. A replayed upload (another round's or
+  chain's) was masked with that round's seeds and unmasks to words the server's range check
+  (``|S_j| <= n B`` for ``n`` survivors) rejects with overwhelming probability. Left open: a server that tells ``u`` another dropped set than its
   peers (``u`` not dropped, the peers ``u`` dropped) gets both; Bonawitz's consistency round
   (signed survivor sets) and self seeds revealed through Shamir shares held by the peers close
   it, at two more exchanges per round.
@@ -80,19 +86,76 @@ def self_seed(private: bytes, k: int, chain: int) -> bytes:
     return hashlib.sha256(b"fedmcmc-secagg-self|" + private + struct.pack("<QI", int(k), int(chain))).digest()
 
 
-#: Rounds back that a client remembers the dropped sets it answered (:func:`check_reveal`).
+#: Rounds back that a client remembers the active sets it masked for and the dropped sets it
+#: answered (:func:`check_mask`, :func:`check_reveal`).
 MEMORY = 64
+#: The fewest clients whose sum a round may reveal (``[flower] secure_min_clients``, at least this).
+MIN_CLIENTS = 2
 
 
-def check_reveal(answered: list, k: int, chain: int, own: int, dropped) -> list:
+def _remember(record: list, k: int, entry: list) -> list:
+    """``record`` with ``entry`` (of round ``k``), rounds more than ``MEMORY`` back forgotten."""
+    newest = max([int(a[0]) for a in record] + [int(k)])
+    return [a for a in record if int(a[0]) >= newest - MEMORY] + [entry]
+
+
+def _recent(record: list, k: int) -> None:
+    newest = max([int(a[0]) for a in record], default=int(k))
+    if int(k) < newest - MEMORY:
+        raise ValueError(f"round {k} is older than the rounds this client remembers")
+
+
+def check_mask(masked: list, k: int, chain: int, active, minimum: int = MIN_CLIENTS) -> list:
+    """A client's rule before masking its upload of round ``k`` and chain ``chain`` for the active
+    clients ``active``: at least ``minimum`` of them, and one active set per round and chain (a
+    server that runs a round again for another set, such as the client alone, is refused).
+
+    Parameters
+    ----------
+    masked
+        ``[[k, chain, sorted active], ...]``: what the client masked for, the last ``MEMORY`` rounds.
+
+    Returns
+    -------
+    list
+        ``masked`` with this round and chain (older rounds forgotten).
+
+    Raises
+    ------
+    ValueError
+        The request breaks the rule, or its round is older than the client remembers.
+    """
+    active = sorted(int(j) for j in active)
+    if len(active) < int(minimum):
+        raise ValueError(f"round {k}, chain {chain} has {len(active)} active client(s), fewer than the "
+                         f"{minimum} whose sum may be revealed")
+    _recent(masked, k)
+    for a_k, a_c, a_a in masked:
+        if (int(a_k), int(a_c)) == (int(k), int(chain)):
+            if list(a_a) != active:
+                raise ValueError(f"round {k}, chain {chain} was masked for the active clients {list(a_a)}, "
+                                 f"now asked for {active}")
+            return masked
+    return _remember(masked, k, [int(k), int(chain), active])
+
+
+def check_reveal(answered: list, k: int, chain: int, own: int, dropped, masked: list, keys: str = "",
+                 minimum: int = MIN_CLIENTS) -> list:
     """A client's rule before revealing its seeds of round ``k`` and chain ``chain`` for the
-    dropped clients ``dropped``: never its self seed while it is declared dropped, and one dropped
-    set per round and chain (so no client's self seed and pairwise seeds are both revealed).
+    dropped clients ``dropped``: only for a round and chain it masked, never its self seed while it
+    is declared dropped, never for fewer than ``minimum`` survivors (the sum of one client is its
+    upload), once per round and chain under one key pair, and for one dropped set per round and
+    chain whatever the keys (so no client's self seed and pairwise seeds are both revealed, and a
+    server that exchanges keys again cannot open another sum of the same round).
 
     Parameters
     ----------
     answered
-        ``[[k, chain, sorted dropped], ...]``: what the client answered, the last ``MEMORY`` rounds.
+        ``[[k, chain, sorted dropped, keys], ...]``: what the client answered, the last ``MEMORY`` rounds.
+    masked
+        What the client masked for (:func:`check_mask`).
+    keys
+        A tag of the client's current key pair.
 
     Returns
     -------
@@ -107,15 +170,19 @@ def check_reveal(answered: list, k: int, chain: int, own: int, dropped) -> list:
     dropped = sorted(int(u) for u in dropped)
     if int(own) in dropped:
         raise ValueError(f"declared dropped in round {k}, chain {chain}: its self seed stays secret")
-    newest = max([int(a[0]) for a in answered], default=int(k))
-    if int(k) < newest - MEMORY:
-        raise ValueError(f"round {k} is older than the dropped sets this client remembers")
-    for a_k, a_c, a_d in answered:
-        if (int(a_k), int(a_c)) == (int(k), int(chain)) and list(a_d) != dropped:
-            raise ValueError(f"round {k}, chain {chain} was answered for the dropped clients {list(a_d)}, "
+    _recent(answered, k)
+    for a_k, a_c, a_d, a_keys in answered:
+        if (int(a_k), int(a_c)) == (int(k), int(chain)) and (a_keys == keys or list(a_d) != dropped):
+            raise ValueError(f"round {k}, chain {chain} was already answered for the dropped clients {list(a_d)}, "
                              f"now asked for {dropped}")
-    kept = [a for a in answered if int(a[0]) >= max(newest, int(k)) - MEMORY]
-    return kept + [[int(k), int(chain), dropped]]
+    active = next((list(a) for a_k, a_c, a in masked if (int(a_k), int(a_c)) == (int(k), int(chain))), None)
+    if active is None:
+        raise ValueError(f"round {k}, chain {chain} was not masked by this client: nothing to reveal")
+    survivors = set(active) - set(dropped)
+    if len(survivors) < int(minimum) or not set(dropped) <= set(active):
+        raise ValueError(f"round {k}, chain {chain}: {len(survivors)} of the active clients {active} survive "
+                         f"(dropped {dropped}), fewer than the {minimum} whose sum may be revealed")
+    return _remember(answered, k, [int(k), int(chain), dropped, keys])
 
 
 def mask(seed: bytes, size: int) -> np.ndarray:

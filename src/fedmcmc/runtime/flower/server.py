@@ -20,6 +20,20 @@ restarts from its saved state, having missed messages, stays in step with the se
 every chunk of rounds; each node writes its own state every round to its state folder, so
 a restarted server resumes (``resume=True``) with the same samples as an uninterrupted run.
 
+Upload norms. With ``[flower] max_upload_norm = "auto"`` (the default) the server bounds each
+part of an upload (the compressor's message, each other array) by ``NORM_FACTOR`` (100) times a
+reference norm: the lower median of that part's norms over this round's uploads (all clients
+and chains) and the uploads it accepted in the ``NORM_WINDOW`` (10) rounds before. An upload
+above the bound is rejected; a reference of 0 (most uploads of that part are zero) bounds
+nothing. So uploads are bounded by the scale of the run's own uploads as long as fewer than half
+of the norms in the reference are a deviating client's; in a run's first round with one upload
+(one client and one chain) the upload is its own reference. A number sets a fixed bound instead.
+
+Replays and copies. The server hashes every upload (per client and chain) and counts, without
+refusing them (honest uploads can repeat, e.g. deterministic ones at a fixed point), an upload
+whose bytes equal one of the ``NORM_WINDOW`` rounds before (``replayed_uploads``) or another
+client's in the same round (``copied_uploads``); ``results.json``'s ``flower`` entry reports both.
+
 Secure aggregation (``[flower] secure_aggregation = true``, :mod:`~fedmcmc.runtime.flower.secagg`):
 the clients upload double-masked grid integers; the server unmasks each chain's sum of the
 active clients' (asking the survivors for their self seeds and their seeds with a client that
@@ -28,8 +42,10 @@ dropped out) and hands it to the same ``server_step``, so the samples are the pl
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from collections import deque
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -38,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.compression import FixedPointMessage
+from fedmcmc.compression.fixed_point import grid_bound
 from fedmcmc.core import xla
 from fedmcmc.runtime.flower import secagg
 from fedmcmc.runtime import round as rnd
@@ -49,6 +66,11 @@ from fedmcmc.runtime.records import assemble, check_finite, save_npz
 from fedmcmc.runtime.round import chain_keys
 
 log = logging.getLogger("fedmcmc.runtime.flower")
+
+#: ``max_upload_norm = "auto"``: an upload part above this many times the reference norm is rejected.
+NORM_FACTOR = 100.0
+#: Rounds back whose accepted norms enter the reference, and whose uploads' hashes a replay is matched against.
+NORM_WINDOW = 10
 
 
 class Transport(Protocol):
@@ -65,7 +87,8 @@ class ServerRuntime:
     ----------
     cfg_text
         The run config (``fedmcmc run`` format); its optional ``[flower]`` settings are
-        ``round_timeout`` (seconds a round waits for replies), ``max_upload_norm`` and
+        ``round_timeout`` (seconds a round waits for replies), ``max_upload_norm`` (``"auto"``,
+        above, or a fixed bound on each part's norm) and
         ``secure_aggregation`` (:mod:`~fedmcmc.runtime.flower.secagg`; the server then sees only
         each round's sum of the uploads).
     out_dir
@@ -102,8 +125,20 @@ class ServerRuntime:
         self.secure = self.flower["secure_aggregation"]
         if not isinstance(self.secure, bool):
             raise ValueError(f"[flower] secure_aggregation must be true or false (got {self.secure!r})")
+        self.minimum = self.flower["secure_min_clients"]
+        if isinstance(self.minimum, bool) or not isinstance(self.minimum, int) or self.minimum < secagg.MIN_CLIENTS:
+            raise ValueError(f"[flower] secure_min_clients must be an integer >= {secagg.MIN_CLIENTS} (got "
+                             f"{self.minimum!r}): the sum of one client is its upload")
+        self.max_norm = self.flower["max_upload_norm"]
+        if self.max_norm != "auto" and (isinstance(self.max_norm, bool) or not isinstance(self.max_norm, (int, float))
+                                        or not self.max_norm > 0):
+            raise ValueError(f'[flower] max_upload_norm must be "auto" or a positive number (got {self.max_norm!r})')
+        self.norms, self.hashes = deque(maxlen=NORM_WINDOW), deque(maxlen=NORM_WINDOW)  # accepted, per round
+        if not self.secure:
+            self.stats.update(replayed_uploads=0, copied_uploads=0)
         if self.secure:
-            self.stats.update(secagg_bits_up=0, secagg_bits_down=0, secagg_recoveries=0, secagg_self_bits=0)
+            self.stats.update(secagg_bits_up=0, secagg_bits_down=0, secagg_recoveries=0, secagg_self_bits=0,
+                              secagg_too_few=0, secagg_out_of_range=0)
         self.chain_keys = chain_keys(self.seed, np.arange(self.C))
         self._compile(data)
 
@@ -129,6 +164,10 @@ class ServerRuntime:
             raise ValueError(f"secure_aggregation needs uploads on a fixed-point grid, and {s.name}'s are not; use a "
                              "QLSD-family sampler with compression = {..., fixed_point = {fraction_bits = .., "
                              "max_abs = ..}}")
+        if self.secure:  # what one upload's grid integers may hold: |q_j| <= B, ||q 2^-p|| <= C with [privacy] clip
+            grid = self.cfg["sampler"]["compression"]["fixed_point"]
+            self.grid = (grid_bound(grid["fraction_bits"], grid["max_abs"]), 2.0 ** -grid["fraction_bits"],
+                         (self.built.privacy or {}).get("clip"))
         self.up_parts = items(up)
         self.ss_like, self.bc_like = jax.eval_shape(init, jax.ShapeDtypeStruct((self.C, 2), jnp.uint32),
                                                     self.theta0)
@@ -241,6 +280,10 @@ class ServerRuntime:
         """One round: masks, messages to the clients active in some chain, decoding and
         validation of the replies, ``server_step`` with the effective mask."""
         mask = np.asarray(self.masks(self.chain_keys, jnp.int32(k)))  # [C, b]
+        if self.secure:  # a sum of fewer clients would reveal their uploads: no client of such a chain this round
+            few = mask.sum(axis=1) < self.minimum
+            self.stats["secagg_too_few"] += int(np.sum(few & mask.any(axis=1)))
+            mask = np.where(few[:, None], False, mask)
         bc = leaves(broadcast)
         messages = {i: self._message("round", k=k, broadcast=bc, mask=leaves([mask[:, i]]),
                                      accepted_round=leaves([accepted[:, i].copy()]), keep=self.chunk + 2)
@@ -272,6 +315,8 @@ class ServerRuntime:
 
     def _collect(self, transport, k, mask, messages, replies, uploads, effective, bits):
         """Decode and validate the replies into ``uploads`` (``[C, b]`` per leaf), ``effective`` and ``bits``."""
+        fixed = np.inf if self.max_norm == "auto" else float(self.max_norm)
+        decoded = {}
         for i in messages:
             reply = self._reply(replies, k, i)
             if reply is None:
@@ -280,23 +325,62 @@ class ServerRuntime:
                 chains = list(reply["chains"])
                 if sorted(chains) != np.flatnonzero(mask[:, i]).tolist():
                     raise MalformedUpload(f"reply for chains {chains}, expected {np.flatnonzero(mask[:, i]).tolist()}")
-                decoded = []
+                decoded[i] = []
                 for n, c in enumerate(chains):
+                    codecs = list(reply[f"codecs/{c}"])
                     blobs = [reply[f"blob/{c}/{j}"] for j in range(len(self.up_parts))]
-                    values, wire = decode_upload(list(reply[f"codecs/{c}"]), blobs, self.up_parts,
-                                                 float(self.flower["max_upload_norm"]))
+                    values, wire, norms = decode_upload(codecs, blobs, self.up_parts, fixed)
                     if wire != int(reply["bits"][n]):
                         self.stats["wire_bits_mismatch"] += 1
-                    decoded.append((c, values, wire))
+                    digest = hashlib.sha256(repr(codecs).encode() + b"".join(bytes(b) for b in blobs)).digest()
+                    decoded[i].append((c, values, wire, norms, digest))
             except (MalformedUpload, KeyError, TypeError, IndexError, ValueError) as err:
+                decoded.pop(i, None)
                 self.stats["rejected_uploads"] += 1
                 log.warning("round %d: rejected the upload of client %d: %s", k, i, err)
-                continue
-            for c, values, wire in decoded:
+        if self.max_norm == "auto":
+            self._norm_bound(k, decoded)
+        self._repeats(k, decoded)
+        for i, chains in decoded.items():
+            for c, values, wire, _, _ in chains:
                 for u, v in zip(uploads, values):
                     u[c, i] = v
                 effective[c, i] = True
                 bits[c, i] = wire
+
+    def _norm_bound(self, k, decoded: dict) -> None:
+        """Reject (drop from ``decoded``) the clients with an upload part above ``NORM_FACTOR`` times
+        its reference norm (the module docstring), and remember the accepted norms."""
+        now = [norms for chains in decoded.values() for _, _, _, norms, _ in chains]
+        pool = np.asarray(now + [norms for past in self.norms for norms in past]).reshape(-1, len(self.up_parts))
+        bound = NORM_FACTOR * np.quantile(pool, 0.5, axis=0, method="lower") if len(pool) else np.zeros(0)
+        bound = np.where(bound > 0, bound, np.inf)
+        for i in list(decoded):
+            over = [(c, j, norms[j]) for c, _, _, norms, _ in decoded[i] for j in range(len(norms))
+                    if norms[j] > bound[j]]
+            if over:
+                del decoded[i]
+                self.stats["rejected_uploads"] += 1
+                c, j, norm = over[0]
+                log.warning("round %d: rejected the upload of client %d: chain %d's array %d has norm %.3g > %g x "
+                            "the uploads' median = %.3g (max_upload_norm = \"auto\")", k, i, c, j, norm, NORM_FACTOR,
+                            bound[j])
+        self.norms.append([norms for chains in decoded.values() for _, _, _, norms, _ in chains])
+
+    def _repeats(self, k, decoded: dict) -> None:
+        """Count the uploads of ``decoded`` equal to one of the last ``NORM_WINDOW`` rounds'
+        (``replayed_uploads``) or to another client's of this round (``copied_uploads``)."""
+        seen = set().union(*self.hashes)
+        owner = {}
+        for i, chains in decoded.items():
+            for c, _, _, _, digest in chains:
+                if digest in seen:
+                    self.stats["replayed_uploads"] += 1
+                    log.warning("round %d: client %d's upload for chain %d repeats an earlier round's", k, i, c)
+                if owner.setdefault(digest, i) != i:
+                    self.stats["copied_uploads"] += 1
+                    log.warning("round %d: client %d's upload for chain %d is client %d's", k, i, c, owner[digest])
+        self.hashes.append(set(owner))
 
     def _keys(self, transport):
         """Secure aggregation's key exchange (:mod:`~fedmcmc.runtime.flower.secagg`): every client's
@@ -334,22 +418,48 @@ class ServerRuntime:
                     self.stats["rejected_uploads"] += 1
                     log.warning("round %d: rejected the upload of client %d for chain %d: %s", k, i, c, err)
         dropped = {c: [int(i) for i in np.flatnonzero(mask[c]) if (c, i) not in got] for c in range(self.C)}
-        own, revealed = self._reveal(transport, k, sorted(got), dropped) if got else ({}, {})
+        survivors = {c: [i for i in range(self.b) if (c, i) in got] for c in range(self.C)}
+        for c in range(self.C):  # fewer survivors than the minimum: their sum stays masked, no client applied
+            if 0 < len(survivors[c]) < self.minimum:
+                self.stats["secagg_too_few"] += 1
+                log.warning("round %d: chain %d has %d survivor(s), fewer than secure_min_clients = %d; no client "
+                            "applied", k, c, len(survivors[c]), self.minimum)
+                survivors[c] = []
+        asked = sorted((c, i) for c in range(self.C) for i in survivors[c])
+        own, revealed = self._reveal(transport, k, asked, dropped) if asked else ({}, {})
         offset = len(self.up_leaves) - 1  # the last leaf of a FixedPointMessage
         for c in range(self.C):
-            survivors = [i for i in range(self.b) if (c, i) in got]
+            if not survivors[c]:
+                continue
             try:
-                total = secagg.unmask({i: got[(c, i)] for i in survivors}, dropped[c], revealed.get(c, {}),
-                                      own.get(c, {})) if survivors else None
+                total = secagg.unmask({i: got[(c, i)] for i in survivors[c]}, dropped[c], revealed.get(c, {}),
+                                      own.get(c, {}))
             except KeyError:
                 log.warning("round %d: chain %d's sum could not be unmasked; no client applied", k, c)
                 continue
-            if total is not None:
-                uploads[offset][c, survivors[0]] = total.reshape(uploads[offset].shape[2:])
-                self.stats["secagg_recoveries"] += bool(dropped[c])
-            for i in survivors:  # the bits on the wire: the masked words
+            why = self._out_of_range(total, len(survivors[c]))
+            if why:
+                self.stats["secagg_out_of_range"] += 1
+                log.warning("round %d: chain %d's unmasked sum %s (a replayed or forged upload); no client applied",
+                            k, c, why)
+                continue
+            uploads[offset][c, survivors[c][0]] = total.reshape(uploads[offset].shape[2:])
+            self.stats["secagg_recoveries"] += bool(dropped[c])
+            for i in survivors[c]:  # the bits on the wire: the masked words
                 effective[c, i], bits[c, i] = True, 32 * size
                 self.stats["secagg_bits_up"] += 32 * size
+
+    def _out_of_range(self, total: np.ndarray, n: int) -> str | None:
+        """Why the unmasked sum of ``n`` uploads cannot be a sum of ``n`` grid integers within their
+        bounds (each ``|q_j| <= B``; with ``[privacy] clip``, ``||q 2^-p|| <= C``), or None."""
+        bound, step, clip = self.grid
+        largest = int(np.max(np.abs(total.astype(np.int64))))
+        if largest > n * bound:
+            return f"has a coordinate of {largest} > {n} x B = {n * bound}"
+        norm = float(np.linalg.norm(total.astype(np.float64))) * step
+        if clip is not None and norm > n * clip * (1 + 2 ** -20):
+            return f"has norm {norm:.4g} > {n} x clip = {n * clip:.4g}"
+        return None
 
     def _reveal(self, transport, k, got: list, dropped: dict) -> tuple[dict, dict]:
         """Ask every survivor ``j`` of round ``k`` (``got``: its ``(chain, j)``), for each of its

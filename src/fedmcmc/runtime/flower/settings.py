@@ -5,8 +5,8 @@
 (:mod:`fedmcmc.app.flower.worker`)."""
 
 #: Every setting of the ``[flower]`` part of a run, with its default (docs/flower.md).
-DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": 1e8, "exact": True, "poll_interval": 0.1, "hold": False,
-            "secure_aggregation": False}
+DEFAULTS = {"round_timeout": 120.0, "max_upload_norm": "auto", "exact": True, "poll_interval": 0.1, "hold": False,
+            "secure_aggregation": False, "secure_min_clients": 2}
 
 
 def flower_settings(cfg: dict) -> dict:

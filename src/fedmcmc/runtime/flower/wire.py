@@ -8,8 +8,10 @@
 * Broadcasts, masks and setup messages travel as lists of arrays (:func:`leaves`, checked on
   arrival by :func:`from_leaves`); a node saves its client state with :func:`pack` (``.npz``).
 * :func:`decode_upload` validates every field before the server uses it: undecodable bytes,
-  a wrong length or shape, a wrong codec, NaN/inf or an absurd norm raise
-  :class:`MalformedUpload` (the server then treats the client as inactive for that round).
+  a wrong length or shape, a wrong codec, NaN/inf or a norm above a fixed bound raise
+  :class:`MalformedUpload` (the server then treats the client as inactive for that round), and
+  it reports each part's norm for the server's bound learned from the uploads
+  (``[flower] max_upload_norm = "auto"``, :mod:`~fedmcmc.runtime.flower.server`).
 """
 
 from __future__ import annotations
@@ -87,12 +89,12 @@ def encode_upload(parts: list) -> Encoded:
     return Encoded([m.codec for m in messages], [m.data for m in messages], sum(m.bits for m in messages))
 
 
-def decode_upload(codecs, blobs, like: list, max_norm: float) -> tuple[list[np.ndarray], int]:
+def decode_upload(codecs, blobs, like: list, max_norm: float) -> tuple[list[np.ndarray], int, list[float]]:
     """Decode and validate one upload against its expected parts ``like`` (:func:`items` of
     the upload's shapes: a :class:`~fedmcmc.compression.QSGDMessage` or an array each).
 
-    Returns the upload's leaves (a message's three fields in place of the message) and the
-    exact number of bits they took on the wire.
+    Returns the upload's leaves (a message's three fields in place of the message), the exact
+    number of bits they took on the wire, and each part's decoded norm (0 for an integer array).
 
     Raises
     ------
@@ -102,12 +104,13 @@ def decode_upload(codecs, blobs, like: list, max_norm: float) -> tuple[list[np.n
     """
     if len(codecs) != len(like) or len(blobs) != len(like):
         raise MalformedUpload(f"upload has {len(blobs)} arrays, expected {len(like)}")
-    out, bits = [], 0
+    out, bits, norms = [], 0, []
     for j, (codec, blob, ref) in enumerate(zip(codecs, blobs, like)):
         try:
             got = decode(codec, blob, ref)
         except (ValueError, TypeError) as err:
             raise MalformedUpload(f"array {j}: {err}") from None
+        norm = 0.0
         if np.issubdtype(got.value.dtype, np.floating):
             if not np.all(np.isfinite(got.value)):
                 raise MalformedUpload(f"array {j}: NaN or inf")
@@ -116,4 +119,5 @@ def decode_upload(codecs, blobs, like: list, max_norm: float) -> tuple[list[np.n
                 raise MalformedUpload(f"array {j}: norm {norm:.3g} exceeds max_upload_norm {max_norm:.3g}")
         out.extend(jax.tree_util.tree_leaves(got.message))
         bits += got.bits
-    return out, bits
+        norms.append(norm)
+    return out, bits, norms
