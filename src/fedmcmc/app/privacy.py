@@ -48,11 +48,14 @@ _UNCOVERED = ["sample_stats bits_up, bits_down and active_clients", "the bits an
               "(posterior_check, posterior_check_passed, exit code 4)", "the mode search's rounds and bits "
               "(theta_star)", "a [problem] run's errors against its exact posterior", "timings and a Flower run's counts",
               "what the server sees of each upload"]
-#: The seed's entry of ``not_covered`` when the outputs carry it (publish_seed = true) or it is the public default.
+#: The seed's entry of ``not_covered``: the outputs carry it (publish_seed = true), it is the public default, or
+#: it is secret and only the run folder's own files hold it.
 _SEED = {"published": "the seed: [privacy] publish_seed = true writes [run] seed into results.json, summary.json and "
                       "posterior.nc, and whoever holds it can subtract the noise",
          "default": "the seed: [run] seed is not set and the default, 0, is public, so anyone can subtract the "
-                    "noise; set a secret [run] seed"}
+                    "noise; set a secret [run] seed",
+         "secret": "the run folder's config.toml and chunks/ (the checkpoint): they hold [run] seed, and whoever "
+                   "holds it can subtract the noise; keep them private"}
 #: What release = "draws" still writes that the accountant does not cover (what it cannot strip is refused).
 _DRAWS_UNCOVERED = ["the seed: 32 bits (JAX's PRNGKey) of a secret; the run folder's config.toml and chunks/ "
                     "(the checkpoint) hold it and everything else: keep them private",
@@ -222,8 +225,8 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
         _draws_only(cfg, error)
         uncovered = _DRAWS_UNCOVERED
     else:
-        seed = "published" if p["publish_seed"] else "default" if "seed" not in cfg["run"] else None
-        uncovered = ([_SEED[seed]] if seed else []) + _UNCOVERED + (
+        seed = "published" if p["publish_seed"] else "default" if "seed" not in cfg["run"] else "secret"
+        uncovered = [_SEED[seed]] + _UNCOVERED + (
             ["step_size = \"auto\" (the curvature at the mode)"] if cfg["sampler"].get("step_size") == "auto" else [])
     budget = None if p["epsilon"] is None else {"epsilon": p["epsilon"], "level": p["level"]}
     return args, {"clip": s.clip, "record_clip": s.record_clip, "rounds": s.rounds, "chains": s.chains,
