@@ -137,5 +137,5 @@ def message(report: dict) -> str | None:
     found = report["worst"] + (f" (and {more} more parameters)" if more else "")
     if report["passed"] is None:
         return (f"the posterior check is {report['why']}; meanwhile the draws are far from the Laplace approximation "
-                f"({found}): if that persists in a longer run, {ADVICE[0].lower()}{ADVICE[1:]}")
+                f"({found}): if that persists in a longer run, {ADVICE}")
     return f"the posterior check failed: {found}; {ADVICE}"
