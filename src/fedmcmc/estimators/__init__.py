@@ -15,6 +15,9 @@ the Gaussian surrogates of its density.
   CG-DSGLD: :func:`taylor`, :func:`laplace`, :func:`sgld_moments`.
 * :mod:`~fedmcmc.estimators.curvature` -- the extreme eigenvalues of the potential's Hessian at
   the mode by federated power iteration (``curvature.curvature``; ``step_size = "auto"``).
+* :mod:`~fedmcmc.estimators.approximation` -- the Laplace approximation at the federated mode, each
+  client's Hessian uploaded once (``approximation.laplace_approximation``; the posterior check and
+  the chains' dispersed starts).
 
 The wrappers and the curvature live in the submodules of their name (``svrg``, ``scaffold``,
 ``conducive``, ``curvature``), which

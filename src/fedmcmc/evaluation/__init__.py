@@ -8,7 +8,8 @@ diagrams, ECE), :mod:`~fedmcmc.evaluation.regression` (a regression's posterior 
 coverage), :mod:`~fedmcmc.evaluation.report` (the metrics gathered for ``results.json``, per client),
 :mod:`~fedmcmc.evaluation.hpd` (HPD thresholds and intervals),
 :mod:`~fedmcmc.evaluation.distances` (Wasserstein distances, rounds to a precision, bits saved),
-:mod:`~fedmcmc.evaluation.diagnostics` (R-hat, ESS, their warnings, trace and rank plots), :mod:`~fedmcmc.evaluation.reference`
+:mod:`~fedmcmc.evaluation.diagnostics` (R-hat, ESS, their warnings, trace and rank plots),
+:mod:`~fedmcmc.evaluation.posterior_check` (draws against the Laplace approximation at the mode), :mod:`~fedmcmc.evaluation.reference`
 (cached NUTS and MALA references) and :mod:`~fedmcmc.evaluation.laws` (exact laws of
 discretised chains on Gaussian targets, the oracles of the statistical tests). This face
 gathers the functions users call.
