@@ -31,7 +31,7 @@ import numpy as np
 
 from fedmcmc.core.base import Model
 from fedmcmc.data.federated import FederatedData
-from fedmcmc.estimators.gradients import ModeResult, row_weights
+from fedmcmc.estimators.gradients import ModeResult, potential
 
 #: Up to this many parameters the approximation has a full covariance; beyond, a diagonal one.
 FULL_DIM = 200
@@ -76,15 +76,11 @@ def laplace_approximation(model: Model, data: FederatedData, mode: ModeResult, f
     """
     d, b = int(model.dim), data.num_clients
     theta = jnp.asarray(mode.theta, jnp.float32)
-    rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
-    weights = row_weights(rows)
-
-    def potential(t):
-        return -jnp.sum(weights * jax.vmap(model.log_likelihood, (None, 0))(t, rows.x)) - model.log_prior(t)
+    u = potential(model, jax.tree_util.tree_map(jnp.asarray, data.rows()))
 
     full = d <= full_dim
     if full:
-        h = np.asarray(jax.jit(jax.hessian(potential))(theta), np.float64)
+        h = np.asarray(jax.jit(jax.hessian(u))(theta), np.float64)
         h = 0.5 * (h + h.T)
         eig = np.linalg.eigvalsh(h) if np.all(np.isfinite(h)) else np.array([np.nan])
         if not np.all(np.isfinite(eig)) or eig.min() <= 0:
@@ -93,7 +89,7 @@ def laplace_approximation(model: Model, data: FederatedData, mode: ModeResult, f
         cov = np.linalg.inv(h)
         sd, upload = np.sqrt(np.diag(cov)), d * (d + 1) // 2
     else:
-        grad = jax.grad(potential)
+        grad = jax.grad(u)
         diag = jax.jit(lambda t: jax.vmap(lambda e: jnp.vdot(e, jax.jvp(grad, (t,), (e,))[1]))(jnp.eye(d)))
         h = np.asarray(diag(theta), np.float64)
         if not np.all(np.isfinite(h)) or h.min() <= 0:

@@ -32,7 +32,7 @@ import numpy as np
 
 from fedmcmc.core.base import Model
 from fedmcmc.data.federated import FederatedData
-from fedmcmc.estimators.gradients import row_weights
+from fedmcmc.estimators.gradients import potential
 
 
 class Curvature(NamedTuple):
@@ -65,12 +65,7 @@ def federated_hvp(model: Model, data: FederatedData, theta) -> Callable:
     """``v -> H v`` at ``theta``: the clients' ``H_c v`` summed (one pass over all clients' rows,
     as the server's sum of their products), plus the prior's ``H_0 v``. One call is one round."""
     theta = jnp.asarray(theta, jnp.float32)
-    rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
-    weights = row_weights(rows)
-
-    def grad_u(t):
-        return jax.grad(lambda s: -jnp.sum(weights * jax.vmap(model.log_likelihood, (None, 0))(s, rows.x))
-                        - model.log_prior(s))(t)
+    grad_u = jax.grad(potential(model, jax.tree_util.tree_map(jnp.asarray, data.rows())))
 
     @jax.jit
     def hvp(v):

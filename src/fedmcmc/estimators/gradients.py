@@ -74,6 +74,19 @@ def weighted_potential_grad(model: Model, theta, x, weights):
     return jax.grad(potential)(theta)
 
 
+def potential(model: Model, rows: Rows) -> Callable:
+    """``theta -> U(theta) = -sum_c sum_j log p(x_cj | theta) - log prior(theta)`` over packed
+    ``rows`` (every client's real rows, the padding weighted 0; the prior once): the sum the server
+    forms of the clients' replies, for the mode, the curvature and the Laplace approximation."""
+    weights = row_weights(rows)
+
+    def u(theta):
+        ll = jax.vmap(model.log_likelihood, in_axes=(None, 0))(theta, rows.x)
+        return -jnp.sum(weights * ll) - model.log_prior(theta)
+
+    return u
+
+
 def row_weights(rows: Rows, index=None):
     """``[R]``: 1 on the real rows of client ``index`` (of every client if None), 0 elsewhere."""
     owner = jnp.asarray(rows.row_client)
@@ -424,15 +437,12 @@ def find_mode(model: Model, data: FederatedData, theta0=None, max_rounds: int = 
     theta0 = jnp.zeros(model.dim, jnp.float32) if theta0 is None else jnp.asarray(theta0, jnp.float32)
     rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
     weights = row_weights(rows)
+    u = potential(model, rows)
     # Normalise by the number of points so BFGS's tolerances are scale-free.
     scale = 1.0 / max(data.total, 1)
 
-    def potential(theta):
-        ll = jax.vmap(model.log_likelihood, in_axes=(None, 0))(theta, rows.x)
-        return scale * (-jnp.sum(weights * ll) - model.log_prior(theta))
-
     def search(t):
-        res = minimize(potential, t, method="BFGS", tol=tol, options={"maxiter": max_rounds})
+        res = minimize(lambda theta: scale * u(theta), t, method="BFGS", tol=tol, options={"maxiter": max_rounds})
         return res, weighted_potential_grad(model, res.x, rows.x, weights), jax.grad(model.log_prior)(res.x)
 
     res, client_sum, prior_grad = jax.jit(search)(theta0)
