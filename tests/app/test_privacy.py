@@ -127,29 +127,12 @@ def test_fa_ld_and_dsgld_meet_a_budget_with_their_builders_defaults(sampler, pri
     assert "qlsd++" not in sampler or built.privacy["client"]["epsilon"] < 5.0  # add/remove vs replace
 
 
-CHAINS = """
-[problem]
-name = "heterogeneous-gaussian"
-num_clients = 4
-dim = 3
-
-[sampler]
-name = "qlsd#"
-step_size = 1e-3
-batch_size = 10
-compression = {{ bits = 4 }}
-participation = {{ p = 0.5, scaling = "inverse_probability" }}
-
-[run]
-seed = 1
-num_chains = {chains}
-num_iterations = 200
-
-[privacy]
-delta = 1e-5
-clip = 5.0
-accountant = "{accountant}"
-"""
+def chains_config(chains: int, accountant: str) -> str:
+    """CONFIG's QLSD# with 1/p participation (p = 0.5), ``chains`` chains of 200 rounds and clip C = 5."""
+    text = CONFIG.format(sampler="qlsd#", privacy=f'delta = 1e-5\nclip = 5.0\naccountant = "{accountant}"')
+    return text.replace("compression = { bits = 4 }\n", "compression = { bits = 4 }\n"
+                        'participation = { p = 0.5, scaling = "inverse_probability" }\n').replace(
+        "num_chains = 2\nnum_iterations = 60", f"num_chains = {chains}\nnum_iterations = 200")
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
@@ -167,7 +150,7 @@ def test_the_recorded_epsilon_composes_every_released_chain(accountant):
     assert z == pytest.approx(4.472136, abs=1e-6)
     relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
     for chains in (1, 2, 4) if accountant == "rdp" else (1, 2):  # PLD composes 800 mechanisms in a minute
-        _, built = config.from_text(CHAINS.format(chains=chains, accountant=accountant))
+        _, built = config.from_text(chains_config(chains, accountant))
         record = built.privacy
         assert record["rounds"] == 200 and record["chains"] == chains
         events = {"client": dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)),
@@ -212,7 +195,7 @@ def test_secure_aggregation_records_epsilon_against_a_client_that_sees_participa
 
     from fedmcmc.app import config
 
-    text = CHAINS.format(chains=chains, accountant="rdp").replace(
+    text = chains_config(chains, "rdp").replace(
         "bits = 4", "bits = 4, fixed_point = { fraction_bits = 16, max_abs = 100.0 }") + \
         "\n[flower]\nsecure_aggregation = true\n"
     record = config.from_text(text)[1].privacy
@@ -222,4 +205,4 @@ def test_secure_aggregation_records_epsilon_against_a_client_that_sees_participa
     assert record["another_client"] == {"epsilon": pytest.approx(acc.get_epsilon(0.5e-5), rel=1e-12),
                                         "delta": 1e-5, "rounds_entered": entered}
     assert record["another_client"]["epsilon"] > record["client"]["epsilon"]  # no amplification
-    assert "another_client" not in config.from_text(CHAINS.format(chains=chains, accountant="rdp"))[1].privacy
+    assert "another_client" not in config.from_text(chains_config(chains, "rdp"))[1].privacy
