@@ -7,18 +7,21 @@ Example (three sites, one CSV file each, in the config file's folder)::
     target = "label"                                      # plus partition = {kind = "dirichlet", ...}
     classes = [0, 1]
     test_fraction = 0.2
-    standardise = true
+    standardise = true                                    # features, and a regression target
 
     [model]
     name = "logistic"                                     # or "mypackage.models:build"
     prior_scale = 1.0
 
 :func:`load_data` reads every client with :mod:`fedmcmc.data.local` (each client's own file, its
-own held-out part, standardisation from moments aggregated in client order, never pooled rows)
-and records what it did in :class:`Inputs`. :func:`model_from_config` builds the ``[model]``: a
-built-in of :data:`MODELS` or a ``"package.module:function"``; either is called with the keywords
-it accepts among ``num_features``, ``num_classes`` and ``input_shape`` (from the data) plus the
-section's other keys, and ``temperature`` tempers the result (:func:`fedmcmc.models.tempered`).
+own held-out part, standardisation from moments aggregated in client order, never pooled rows:
+the features, and a regression target ``y' = (y - m_y) / s_y`` too) and records what it did in
+:class:`Inputs`. The model sees the standardised target; the held-out targets stay in their own
+units, for outputs read in them (:func:`in_target_units`). :func:`model_from_config` builds the
+``[model]``: a built-in of :data:`MODELS` or a ``"package.module:function"``; either is called with
+the keywords it accepts among ``num_features``, ``num_classes``, ``input_shape`` and
+``target_scale`` (``s_y``, 1 without target standardisation: from the data) plus the section's
+other keys, and ``temperature`` tempers the result (:func:`fedmcmc.models.tempered`).
 A user's module is looked up in the config file's folder first, then on ``sys.path`` (e.g.
 ``PYTHONPATH``); like any import, once per process (a second config naming another file of the
 same module name gets the first).
@@ -37,14 +40,14 @@ import numpy as np
 from fedmcmc.core.base import Model
 from fedmcmc.data import local
 from fedmcmc.data.federated import FederatedData, from_clients
-from fedmcmc.models import (lenet5, linear_regression, logistic_regression, mlp, multinomial_logistic_regression,
-                            tempered, with_intercept)
+from fedmcmc.models import (lenet5, linear_regression, linear_regression_unknown_noise, logistic_regression, mlp,
+                            multinomial_logistic_regression, tempered, with_intercept, with_target_scaling)
 
 #: The keys a ``[data]`` section may set.
 DATA_KEYS = {"files", "file", "builtin", "partition", "format", "target", "delimiter", "header", "drop",
              "num_features", "task", "classes", "test_fraction", "standardise", "seed"}
 #: What the data supplies to a model builder that asks for it.
-_SUPPLIED = ("num_features", "num_classes", "input_shape")
+_SUPPLIED = ("num_features", "num_classes", "input_shape", "target_scale")
 
 
 class Inputs(NamedTuple):
@@ -67,6 +70,9 @@ class Inputs(NamedTuple):
         One ``{source, n_train, n_test}`` per client, in client order.
     input_shape
         The shape of one input (``[F]``, or ``[H, W]`` for images).
+    target_scaling
+        ``{"mean": m_y, "scale": s_y}`` applied to a regression target (the model sees
+        ``(y - m_y) / s_y``), or None.
     """
 
     task: str
@@ -76,6 +82,7 @@ class Inputs(NamedTuple):
     scaling: dict | None
     clients: tuple[dict, ...]
     input_shape: list[int]
+    target_scaling: dict | None = None
 
 
 class ClientSummary(NamedTuple):
@@ -95,6 +102,9 @@ class ClientSummary(NamedTuple):
         Its CSV feature columns, or None.
     input_shape
         The shape of one input.
+    target_moments
+        :class:`~fedmcmc.data.local.Moments` of its training targets (regression with
+        standardisation; else None).
     """
 
     source: str
@@ -104,6 +114,7 @@ class ClientSummary(NamedTuple):
     num_labels: int | None
     feature_names: list[str] | None
     input_shape: list[int]
+    target_moments: local.Moments | None = None
 
 
 def _task(section: dict) -> str:
@@ -125,41 +136,68 @@ def split_local(section: dict, index: int, data: local.LocalData):
     return train, test, ClientSummary(
         data.source, len(train.y), len(test.y), local.moments(train.x) if standardise else None,
         None if task == "regression" else 1 + int(data.y.max()),
-        None if data.feature_names is None else list(data.feature_names), list(data.x.shape[1:]))
+        None if data.feature_names is None else list(data.feature_names), list(data.x.shape[1:]),
+        local.moments(train.y) if standardise and task == "regression" else None)
 
 
 def combine(section: dict, summaries) -> tuple[Inputs, local.Scaling | None]:
     """The run's :class:`Inputs` and feature scaling from the clients' summaries, in client order
-    (the scaling from the moments by :func:`fedmcmc.data.local.pooled_scale`)."""
+    (the feature and target scalings from the moments by :func:`fedmcmc.data.local.pooled_scale`)."""
     task, classes, first = _task(section), section.get("classes"), summaries[0]
     scaling = None if first.moments is None else local.pooled_scale([s.moments for s in summaries])
+    target = None if first.target_moments is None else local.pooled_scale([s.target_moments for s in summaries])
     k = None if task == "regression" else len(classes) if classes is not None else max(s.num_labels
                                                                                       for s in summaries)
     return Inputs(task, k, first.feature_names, None if classes is None else [str(c) for c in classes],
                   None if scaling is None else {"mean": scaling.mean.tolist(), "scale": scaling.scale.tolist()},
                   tuple({"source": s.source, "n_train": s.n_train, "n_test": s.n_test} for s in summaries),
-                  first.input_shape), scaling
+                  first.input_shape,
+                  None if target is None else {"mean": float(target.mean), "scale": float(target.scale)}), scaling
 
 
 def load_data(section: dict, base_dir=None) -> tuple[FederatedData, tuple | None, Inputs]:
     """``(train, tests, inputs)`` of a ``[data]`` section: the clients' training parts as
-    :class:`FederatedData` (``(x, y)`` per datum), their held-out ``(x, y)`` (None when
-    ``test_fraction = 0``), and the :class:`Inputs` record."""
+    :class:`FederatedData` (``(x, y)`` per datum, a regression target standardised), their
+    held-out ``(x, y)`` (the target in its own units; None when ``test_fraction = 0``), and the
+    :class:`Inputs` record."""
     _task(section)
     parts = [split_local(section, i, c) for i, c in enumerate(local.read_clients(section, base_dir))]
     info, scaling = combine(section, [s for _, _, s in parts])
-    train = from_clients([(local.apply_scaling(t.x, scaling), t.y) for t, _, _ in parts])
+    target = local.scaling_from(info.target_scaling)
+    train = from_clients([(local.apply_scaling(t.x, scaling), t.y if target is None else
+                           local.apply_scaling(t.y, target)) for t, _, _ in parts])
     tests = None if section.get("test_fraction", 0.2) == 0 else tuple(
         (local.apply_scaling(t.x, scaling).astype(np.float32),
          t.y.astype(np.float32 if info.task == "regression" else np.int32)) for _, t, _ in parts)
     return train, tests, info
 
 
+def target_scale(inputs: Inputs) -> float:
+    """``s_y``, the factor a regression target was divided by (1 without target standardisation)."""
+    return 1.0 if inputs.target_scaling is None else float(inputs.target_scaling["scale"])
+
+
+def in_target_units(model: Model, inputs: Inputs) -> Model:
+    """The run's model (of the standardised target) as a model of the target in its own units
+    (:func:`fedmcmc.models.with_target_scaling`); the model itself without target standardisation."""
+    t = inputs.target_scaling
+    return model if t is None else with_target_scaling(model, t["mean"], t["scale"])
+
+
 # --------------------------------------------------------------------------- models
 
-def _linear(num_features: int, noise_scale: float = 1.0, prior_scale: float = 1.0, intercept: bool = True) -> Model:
-    """Bayesian linear regression, Gaussian noise of scale ``noise_scale`` (regression)."""
-    model = linear_regression(num_features + intercept, noise_scale, prior_scale)
+def _linear(num_features: int, noise_scale: float | str = "unknown", prior_scale: float = 1.0,
+            intercept: bool = True, target_scale: float = 1.0) -> Model:
+    """Bayesian linear regression, Gaussian noise: ``noise_scale = "unknown"`` samples ``log sigma``
+    too (the last coordinate, prior N(0, 1) in the units the model sees), a number is the known
+    noise in the target's own units (regression)."""
+    if noise_scale == "unknown":
+        model = linear_regression_unknown_noise(num_features + intercept, prior_scale)
+    elif isinstance(noise_scale, (int, float)) and not isinstance(noise_scale, bool) and noise_scale > 0:
+        model = linear_regression(num_features + intercept, noise_scale / target_scale, prior_scale)
+    else:
+        raise ValueError(f'[model] noise_scale must be "unknown" or a number > 0 in the target\'s units '
+                         f"(got {noise_scale!r})")
     return with_intercept(model) if intercept else model
 
 
@@ -241,7 +279,7 @@ def model_from_config(cfg: dict, inputs: Inputs, base_dir=None) -> Model:
         raise ValueError(f"[model] {section['name']!r} is a {task} model but [data] task = {inputs.task!r}; "
                          f"choose one of {[k for k, (_, t) in MODELS.items() if t == inputs.task]}")
     supplied = {"num_features": math.prod(inputs.input_shape), "num_classes": inputs.num_classes,
-                "input_shape": tuple(inputs.input_shape)}
+                "input_shape": tuple(inputs.input_shape), "target_scale": target_scale(inputs)}
     params = inspect.signature(builder).parameters
     kwargs: dict[str, Any] = {k: v for k, v in supplied.items() if k in params}
     kwargs.update({k: v for k, v in section.items() if k not in ("name", "temperature")})

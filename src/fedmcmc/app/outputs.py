@@ -7,23 +7,31 @@ settings), computes everything first and only then writes, into the run folder:
 - ``posterior.nc``: ArviZ InferenceData (:func:`fedmcmc.runtime.io.to_inference_data`): the
   posterior with named dimensions (the model's layout, or ``theta`` with the feature names as
   coordinates: ``intercept`` first for a model of one more parameter than features, the
-  convention of :func:`fedmcmc.models.with_intercept`), ``sample_stats`` (``step_size``, bits
-  up and down, active clients per stored draw), the held-out points' ``log_likelihood`` and
-  ``observed_data`` (with a ``client`` coordinate, so ``az.loo`` and ``az.waic`` run) and the
-  settings as attributes;
-- ``summary.json``: R-hat and bulk/tail ESS per parameter with the warnings of
-  :func:`fedmcmc.evaluation.diagnostics.convergence` (also printed), the predictive metrics per
-  client and overall (accuracy, NLL, Brier, ECE for classification; RMSE, NLL, coverage of the
-  central ``level`` interval for regression), and the bits up and down;
+  convention of :func:`fedmcmc.models.with_intercept`, and ``log_sigma`` last for
+  :func:`fedmcmc.models.linear_regression_unknown_noise`), for the built-in ``linear`` and
+  ``logistic`` models with an intercept the variables in the data's own units of
+  :func:`original_scale` (``coef``, and ``sigma`` or ``odds_ratio``), ``sample_stats``
+  (``step_size``, bits up and down, active clients per stored draw), the held-out points'
+  ``log_likelihood`` and ``observed_data`` (with a ``client`` coordinate, so ``az.loo`` and
+  ``az.waic`` run) and the settings as attributes;
+- ``summary.json``: R-hat and bulk/tail ESS per coordinate of the model's parameter with the
+  warnings of :func:`fedmcmc.evaluation.diagnostics.convergence` (also printed), the posterior
+  table of :func:`posterior_table` (``table``), the predictive metrics per client and overall
+  (accuracy, NLL, Brier, ECE for classification; RMSE, NLL, coverage of the central ``level``
+  interval for regression), and the bits up and down;
+- ``summary.csv``: the posterior table, also printed (its first :data:`TABLE_ROWS` rows);
 - ``trace.png``, ``rank.png`` (the parameters of largest R-hat) and, for classification,
   ``reliability.png``.
 
 All metrics use the stored draws (at most ``max_draws`` per chain), the draws ``fedmcmc
-predict`` reads back.
+predict`` reads back. A regression target standardised by ``[data]`` is read in its own units
+(:func:`fedmcmc.app.inputs.in_target_units`): held-out ``log_likelihood`` and ``observed_data``,
+RMSE and NLL (the standardised log-density minus ``log s_y``; coverage is the same in both).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -31,24 +39,102 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from fedmcmc.app import inputs as inputs_lib
 from fedmcmc.app import privacy
 from fedmcmc.core import figures
+from fedmcmc.data import local
 from fedmcmc.evaluation import calibration, diagnostics, regression, report
 from fedmcmc.evaluation.predict import pointwise_log_likelihood, predict_bma
+from fedmcmc.models.linear import UNKNOWN_NOISE_NAME
 from fedmcmc.runtime import io
 from fedmcmc.runtime.records import SimulationResult
 
 TASKS = ("classification", "regression")
+#: The columns of the posterior table (those of ``az.summary`` at ``hdi_prob = 0.94``) and the rows printed.
+TABLE_COLUMNS = ("mean", "sd", "hdi_3%", "hdi_97%", "r_hat", "ess_bulk", "ess_tail")
+TABLE_ROWS = 30
 
 
 def parameter_names(model, feature_names: Sequence[str] | None) -> list[str] | None:
     """Names of ``theta``'s coordinates from the features, for a model without a layout (module docstring)."""
     if model.layout is not None or feature_names is None:
         return None
-    names = [str(n) for n in feature_names]
+    names = [str(n) for n in feature_names] + (["log_sigma"] if model.name.startswith(UNKNOWN_NOISE_NAME) else [])
     if model.dim == len(names):
         return names
     return ["intercept", *names] if model.dim == len(names) + 1 else None
+
+
+def original_scale(draws: np.ndarray, model: str, scaling: local.Scaling | None = None,
+                   target: local.Scaling | None = None, unknown_noise: bool = False) -> dict[str, np.ndarray]:
+    """The built-in ``linear`` or ``logistic`` model's parameters in the data's own units, per draw.
+
+    ``draws [..., d]`` start with the intercept ``b'_0`` and the slopes ``b'_j`` of standardised
+    features ``(x_j - m_j) / s_j`` (``scaling``; ``m_j = 0, s_j = 1`` without) and, for linear
+    regression, a target ``(y - m_y) / s_y`` (``target``; ``m_y = 0, s_y = 1`` without, and for
+    logistic regression); with ``unknown_noise`` the last coordinate is ``log sigma'``. Then
+
+        slope_j = s_y b'_j / s_j,    intercept = m_y + s_y (b'_0 - sum_j b'_j m_j / s_j),
+        sigma = s_y exp(log sigma'),    odds_ratio_j = exp(slope_j),
+
+    the intercept and slopes per unit of each feature.
+
+    Returns
+    -------
+    dict
+        ``coef [..., F + 1]`` (intercept first), and ``sigma [...]`` (linear with unknown noise)
+        or ``odds_ratio [..., F]`` (logistic), in float64.
+    """
+    if model not in ("linear", "logistic"):
+        raise ValueError(f'original_scale is for the built-in "linear" and "logistic" models (got {model!r})')
+    draws = np.asarray(draws, np.float64)
+    width = draws.shape[-1] - 1 - unknown_noise
+    m, s = (np.zeros(width), np.ones(width)) if scaling is None else (np.ravel(scaling.mean), np.ravel(scaling.scale))
+    m_y, s_y = (0.0, 1.0) if target is None or model == "logistic" else (float(target.mean), float(target.scale))
+    if len(m) != width:
+        raise ValueError(f"{width} slopes in the draws but {len(m)} scaled features; were they drawn for this data?")
+    slopes = s_y * draws[..., 1:width + 1] / s
+    intercept = m_y + s_y * (draws[..., 0] - np.sum(draws[..., 1:width + 1] * m / s, axis=-1))
+    out = {"coef": np.concatenate([intercept[..., None], slopes], axis=-1)}
+    if unknown_noise:
+        out["sigma"] = s_y * np.exp(draws[..., -1])
+    if model == "logistic":
+        out["odds_ratio"] = np.exp(slopes)
+    return out
+
+
+def original_variables(section: Mapping, inputs) -> Callable[[np.ndarray], dict] | None:
+    """``draws -> {name: (values, labels)}``: the variables of :func:`original_scale` of a
+    ``[model]`` section's built-in ``linear`` or ``logistic`` with an intercept (None for any other model)."""
+    name = section.get("name")
+    if name not in ("linear", "logistic") or not section.get("intercept", True):
+        return None
+    unknown = name == "linear" and section.get("noise_scale", "unknown") == "unknown"
+    scaling, target = local.scaling_from(inputs.scaling), local.scaling_from(inputs.target_scaling)
+    features = inputs.feature_names
+
+    def variables(draws):
+        out = original_scale(draws, name, scaling, target, unknown)
+        labels = {"coef": None if features is None else ["intercept", *features], "odds_ratio": features}
+        return {k: (v, labels.get(k)) for k, v in out.items()}
+
+    return variables
+
+
+def posterior_table(idata, var_names: Sequence[str] | None = None, hdi_prob: float = 0.94):
+    """ArviZ's ``az.summary`` of ``var_names`` (all posterior variables if None): one row per
+    parameter, the columns :data:`TABLE_COLUMNS` (a pandas DataFrame)."""
+    az = io._arviz()
+    table = az.summary(idata, var_names=None if var_names is None else list(var_names), hdi_prob=hdi_prob,
+                       round_to="none")
+    return table[list(TABLE_COLUMNS)]
+
+
+def format_table(table, rows: int = TABLE_ROWS) -> str:
+    """The first ``rows`` rows of a posterior table as text (4 significant digits), and how many more."""
+    text = table.head(rows).to_string(float_format=lambda v: f"{v:.4g}")
+    more = len(table) - rows
+    return text + (f"\n... {more} more row(s) in summary.csv" if more > 0 else "")
 
 
 def held_out(model, draws: np.ndarray, tests: Sequence[tuple]) -> io.HeldOut:
@@ -81,8 +167,11 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
                   task: str | None = None, feature_names: Sequence[str] | None = None,
                   settings: Mapping | None = None, step_size: float | None = None, max_draws: int | None = io.MAX_STORED_DRAWS,
                   num_bins: int = 15, level: float = 0.94, echo: Callable[[str], None] | None = None,
-                  draws_only: bool = False, posterior_check: Mapping | None = None) -> dict:
-    """Write ``posterior.nc``, ``summary.json`` and the plots of a run into ``out`` (module docstring).
+                  draws_only: bool = False, posterior_check: Mapping | None = None,
+                  derived: Callable[[np.ndarray], Mapping] | None = None,
+                  show: Callable[[str], None] | None = None) -> dict:
+    """Write ``posterior.nc``, ``summary.json``, ``summary.csv`` and the plots of a run into ``out``
+    (module docstring).
 
     Parameters
     ----------
@@ -102,6 +191,8 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
         Draws stored per chain (at most; 0 or None: all), bins of the ECE and reliability diagram, level of the regression interval.
     echo
         Where the warnings are printed (default: standard error).
+    show
+        Where the posterior table is printed (default: standard output).
     draws_only
         Write only the draws and what is computed from them alone (``[privacy] release =
         "draws"``): no ``sample_stats`` and no bits (give no ``tests``).
@@ -109,6 +200,10 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
         The run's posterior check (:func:`fedmcmc.app.posterior.check`): in ``summary.json``, and
         its verdict as the attribute ``posterior_check_passed`` of ``posterior.nc`` (1, 0, or
         -1 when not made), so that draws that failed it are marked wherever they go.
+    derived
+        ``draws [chain, draw, d] -> {name: (values, labels)}``: more posterior variables
+        (:func:`fedmcmc.runtime.io.to_inference_data`), e.g. :func:`original_variables`; the
+        posterior table shows them instead of the model's parameter.
 
     Returns
     -------
@@ -119,19 +214,24 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
         raise ValueError(f"task must be one of {TASKS} to report on held-out points (got {task!r})")
     draws = io.stored_draws(result, max_draws)
     held = None if not tests else held_out(model, draws, tests)
+    extra = None if derived is None else dict(derived(draws))
     idata = io.to_inference_data({label: result}, {**(settings or {}), **_verdict(posterior_check)}, max_draws,
                                  step_size=step_size, layout=model.layout, names=parameter_names(model, feature_names),
-                                 held_out=held)
-    conv = diagnostics.convergence(idata)
+                                 held_out=held, derived=extra)
+    conv = diagnostics.convergence(idata.posterior.drop_vars(list(extra or ())))
+    table = posterior_table(idata, list(extra) if extra else None)
     metrics, probs = (None, None) if not tests else predictive(model, draws, tests, task, num_bins, level)
     summary = {"sampler": label, "num_chains": int(draws.shape[0]), "num_draws": int(result.samples.shape[1]),
                "num_stored_draws": int(draws.shape[1]),
-               "warnings": conv["warnings"], "convergence": conv, "predictive": metrics,
+               "warnings": conv["warnings"], "convergence": conv,
+               "table": [{"parameter": str(k), **{c: float(v) for c, v in row.items()}} for k, row in table.iterrows()],
+               "predictive": metrics,
                **({} if posterior_check is None else {"posterior_check": posterior_check}),
                **({} if draws_only else {"bits": bits(result)}), "step_size": step_size, "settings": dict(settings or {})}
     out = Path(out)
     io.write_netcdf(out / "posterior.nc", io.posterior_only(idata) if draws_only else idata)
     io.write_json(out / "summary.json", summary)
+    _write_csv(out / "summary.csv", table)
     diagnostics.plot_trace(out / "trace.png", draws, conv)
     diagnostics.plot_rank(out / "rank.png", draws, conv)
     if probs is not None:
@@ -139,9 +239,17 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
         if len(tests) <= 5:
             curves.update({f"client {i}": (p, y) for i, (p, (_, y)) in enumerate(zip(probs, tests))})
         calibration.plot_reliability(out / "reliability.png", curves, num_bins, title=f"{label}: held-out points")
+    (show or print)(format_table(table))
     for line in conv["warnings"]:
         (echo or _stderr)(f"fedmcmc: warning: {line}")
     return summary
+
+
+def _write_csv(path: Path, table) -> None:
+    """A posterior table as CSV, atomically (the parameter labels in the first column)."""
+    tmp = path.with_name(path.name + ".tmp")
+    table.to_csv(tmp, index_label="parameter")
+    os.replace(tmp, path)
 
 
 def _verdict(posterior_check: Mapping | None) -> dict:
@@ -157,13 +265,17 @@ def write_run(out, cfg: dict, built, result: SimulationResult, max_draws: int | 
     """:func:`write_outputs` for a run of ``[data]`` + ``[model]``, from what
     :func:`fedmcmc.app.config.build` returns (its ``model``, ``sampler``, ``tests``, ``inputs``
     and ``step``); the config, the inputs and the step rule are the settings (a step per client,
-    DG-SGLD's, is in the settings only: ``sample_stats.step_size`` holds one number)."""
+    DG-SGLD's, is in the settings only: ``sample_stats.step_size`` holds one number). A
+    standardised target is read in its own units (:func:`fedmcmc.app.inputs.in_target_units`) and
+    a built-in ``linear`` or ``logistic`` model's parameters also in the data's (:func:`original_variables`)."""
     inputs, step = built.inputs, built.step.get("value")
     draws_only = privacy.draws_only(built.privacy)
-    return write_outputs(out, result, built.model, label=built.sampler.name, tests=None if draws_only else built.tests,
+    model = inputs_lib.in_target_units(built.model, inputs)
+    return write_outputs(out, result, model, label=built.sampler.name, tests=None if draws_only else built.tests,
                          task=inputs.task, feature_names=inputs.feature_names, draws_only=draws_only,
                          step_size=step if np.ndim(step) == 0 else None, max_draws=max_draws, echo=echo,
                          posterior_check=None if draws_only else posterior_check,
+                         derived=original_variables(cfg["model"], inputs),
                          settings=privacy.released(built.privacy, {"config": cfg, "inputs": inputs._asdict(),
                                                                    "step": built.step, **privacy.attrs(built.privacy)}))
 

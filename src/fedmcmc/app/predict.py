@@ -13,7 +13,9 @@ one row per input row:
   :func:`~fedmcmc.evaluation.predict.predict_bma`), ``entropy`` (of that average, in nats) and
   ``predicted`` (the class of largest probability);
 - regression: ``mean``, ``lower`` and ``upper``, the posterior predictive mean and central
-  ``level`` interval of :func:`~fedmcmc.evaluation.regression.predictive_interval`.
+  ``level`` interval of :func:`~fedmcmc.evaluation.regression.predictive_interval`, in the
+  target's own units (a target the run standardised, ``inputs["target_scaling"]``, is scaled
+  back: :func:`fedmcmc.models.with_target_scaling`).
 
 When the target column is present it is not used to predict; it adds ``correct`` (0 or 1) or
 ``residual`` (target minus mean).
@@ -33,6 +35,7 @@ from fedmcmc.data import local
 from fedmcmc.evaluation.classification import as_probs, entropy
 from fedmcmc.evaluation.predict import predict_bma
 from fedmcmc.evaluation.regression import predictive_interval
+from fedmcmc.models.target import with_target_scaling
 from fedmcmc.runtime import io
 
 RUN_FILES = ("config.toml", "results.json", "posterior.nc")
@@ -135,6 +138,9 @@ def predict(run_dir, data, out=None, *, level: float = 0.94,
         if target is not None:
             table["correct"] = (np.argmax(probs, axis=1) == _class_index(target, record, data)).astype(int)
     else:
+        target_scaling = record.get("target_scaling")  # absent from the records of older runs
+        if target_scaling is not None:
+            model = with_target_scaling(model, target_scaling["mean"], target_scaling["scale"])
         pred = predictive_interval(model, draws, x.astype(np.float32), level)
         table.update(mean=pred.mean, lower=pred.lower, upper=pred.upper)
         if target is not None:

@@ -1,7 +1,8 @@
 """Outputs that the ecosystem reads: ArviZ InferenceData (netCDF) and JSON (figures: :mod:`fedmcmc.core.figures`).
 
 One run's InferenceData follows ArviZ's schema: ``posterior`` (one variable per named block of
-the model's :class:`~fedmcmc.models.layout.ParamLayout`, else ``theta[chain, draw, theta_dim]``),
+the model's :class:`~fedmcmc.models.layout.ParamLayout`, else ``theta[chain, draw, theta_dim]``,
+plus any variables computed from each draw, such as coefficients in the data's own units),
 ``sample_stats`` (``step_size`` and the bits and participations of each stored draw) and, given
 held-out points (:class:`HeldOut`), ``log_likelihood`` and ``observed_data`` over an ``obs``
 dimension with a ``client`` coordinate, so that ``az.loo`` and ``az.waic`` run on it.
@@ -113,10 +114,19 @@ def _per_draw_stats(r: SimulationResult, step: int) -> dict:
             "active_clients": _window_sums(r.active, step)}
 
 
-def _one_run(r: SimulationResult, step: int, step_size, layout, names, held_out: HeldOut | None):
+def _one_run(r: SimulationResult, step: int, step_size, layout, names, held_out: HeldOut | None, derived):
     """The groups, dims and coords of one run's InferenceData."""
     draws = r.samples[:, step - 1::step]
     posterior, dims, coords = posterior_variables(draws, layout, names)
+    for var, (values, labels) in (derived or {}).items():
+        if var in posterior or np.shape(values)[:2] != draws.shape[:2] or np.ndim(values) > 3:
+            raise ValueError(f"derived variable {var!r}: need a new name and values [chain, draw] or [chain, draw, k] "
+                             f"for {draws.shape[:2]} stored draws (got {np.shape(values)})")
+        posterior[var] = np.asarray(values)
+        if np.ndim(values) == 3:
+            dims[var] = [f"{var}_dim"]
+            if labels is not None:
+                coords[f"{var}_dim"] = [str(n) for n in labels]
     groups = {"posterior": posterior, "sample_stats": _per_draw_stats(r, step)}
     if step_size is not None:
         groups["sample_stats"]["step_size"] = np.full(draws.shape[:2], float(step_size))
@@ -147,7 +157,8 @@ def _several_runs(results: Mapping[str, SimulationResult], step: int):
 
 def to_inference_data(results: Mapping[str, SimulationResult], attrs: Mapping | None = None,
                       max_draws: int | None = None, *, step_size: float | None = None, layout=None,
-                      names: Sequence[str] | None = None, held_out: HeldOut | None = None):
+                      names: Sequence[str] | None = None, held_out: HeldOut | None = None,
+                      derived: Mapping[str, tuple[np.ndarray, Sequence[str] | None]] | None = None):
     """Build an ArviZ InferenceData from one or more runs.
 
     Parameters
@@ -168,14 +179,19 @@ def to_inference_data(results: Mapping[str, SimulationResult], attrs: Mapping | 
         One run only: the step size (``sample_stats.step_size``), the model's layout and the
         names of ``theta``'s coordinates (:func:`posterior_variables`), and the held-out points
         (:class:`HeldOut`, computed on :func:`stored_draws`).
+    derived
+        One run only: ``{name: (values, labels)}``, more posterior variables computed from the
+        stored draws, ``values`` of shape ``[chain, draw]`` or ``[chain, draw, k]`` (dimension
+        ``<name>_dim``, whose coordinates are ``labels`` unless None).
     """
     az = _arviz()
     first = next(iter(results.values()))
     step = stride(first.samples.shape[1], max_draws)
     if len(results) == 1:
-        groups, dims, coords = _one_run(first, step, step_size, layout, names, held_out)
-    elif any(v is not None for v in (step_size, layout, names, held_out)):
-        raise ValueError("step_size, layout, names and held_out describe one run; store several runs without them")
+        groups, dims, coords = _one_run(first, step, step_size, layout, names, held_out, derived)
+    elif any(v is not None for v in (step_size, layout, names, held_out, derived)):
+        raise ValueError("step_size, layout, names, held_out and derived describe one run; store several runs "
+                         "without them")
     else:
         groups, dims, coords = _several_runs(results, step)
     coords["draw"] = first.draw_iterations[step - 1::step]

@@ -6,9 +6,10 @@ A ``[data]`` run on Flower goes as follows (docs/flower.md, "Node-local data"):
    config's ``[data]`` source of client ``i`` (:func:`read_node`) -- holds out its own test part
    (:func:`fedmcmc.app.inputs.split_local`) and answers with its
    :class:`~fedmcmc.app.inputs.ClientSummary`: row counts, feature count and shape, its largest
-   label, and the moments of its training inputs (count, sum, sum of squares). No row.
+   label, and the moments of its training inputs (count, sum, sum of squares), and of its
+   regression targets. No row.
 2. The server combines the summaries in client order (:func:`fedmcmc.app.inputs.combine`: the
-   pooled feature scaling, the class count) into the run's :class:`~fedmcmc.app.inputs.Inputs`
+   pooled feature and target scalings, the class count) into the run's :class:`~fedmcmc.app.inputs.Inputs`
    and sends them to every node (a ``nodes`` message): the nodes' standardisation exchange.
 3. Server and nodes build the same run from ``Inputs`` alone (:func:`build_from_inputs`): the
    sampler sees the clients' counts, weights and layout through zeros of those shapes; a node
@@ -110,19 +111,24 @@ def node_local(text: str, index: int, node) -> tuple:
     return _LOCAL[key]
 
 
+def _moments_to_json(m: local.Moments | None) -> list | None:
+    return None if m is None else [m.count, np.asarray(m.total).tolist(), np.asarray(m.total_sq).tolist()]
+
+
+def _moments_from_json(m: list | None) -> local.Moments | None:
+    return None if m is None else local.Moments(int(m[0]), np.asarray(m[1], np.float64), np.asarray(m[2], np.float64))
+
+
 def summary_to_json(summary: inputs_lib.ClientSummary) -> str:
-    """A summary as JSON (float64 moments exactly: JSON floats are ``repr``)."""
-    m = summary.moments
-    moments = None if m is None else [m.count, np.asarray(m.total).tolist(), np.asarray(m.total_sq).tolist()]
-    return json.dumps({**summary._asdict(), "moments": moments})
+    """A summary as JSON (float64 moments of the inputs and the target exactly: JSON floats are ``repr``)."""
+    return json.dumps({**summary._asdict(), "moments": _moments_to_json(summary.moments),
+                       "target_moments": _moments_to_json(summary.target_moments)})
 
 
 def summary_from_json(text: str) -> inputs_lib.ClientSummary:
     s = json.loads(text)
-    m = s["moments"]
-    moments = None if m is None else local.Moments(int(m[0]), np.asarray(m[1], np.float64),
-                                                    np.asarray(m[2], np.float64))
-    return inputs_lib.ClientSummary(**{**s, "moments": moments})
+    return inputs_lib.ClientSummary(**{**s, "moments": _moments_from_json(s["moments"]),
+                                       "target_moments": _moments_from_json(s["target_moments"])})
 
 
 def inputs_from_json(text: str) -> inputs_lib.Inputs:
@@ -165,16 +171,17 @@ def _zeros(info: inputs_lib.Inputs) -> FederatedData:
 
 
 def own_data(train: local.LocalData, index: int, info: inputs_lib.Inputs) -> ClientData:
-    """A node's own training part, scaled and in its rows of the run's layout as
-    :func:`fedmcmc.app.inputs.load_data` packs it (the other clients' rows zeros), with a leading
-    client axis of one (``ClientRuntime(data_fn=...)``)."""
+    """A node's own training part, scaled (inputs, and a regression target) and in its rows of the
+    run's layout as :func:`fedmcmc.app.inputs.load_data` packs it (the other clients' rows zeros),
+    with a leading client axis of one (``ClientRuntime(data_fn=...)``)."""
     if len(train.y) != info.clients[index]["n_train"] or list(train.x.shape[1:]) != list(info.input_shape):
         raise RuntimeError(f"client {index}: its data changed since it greeted the server; restart the run")
     data = _zeros(info)
     x, y = data.x
     start = int(data.starts[index])
     x[start:start + len(train.y)] = local.apply_scaling(train.x, local.scaling_from(info.scaling))
-    y[start:start + len(train.y)] = train.y
+    target = local.scaling_from(info.target_scaling)
+    y[start:start + len(train.y)] = train.y if target is None else local.apply_scaling(train.y, target)
     return data.clients().take(jnp.asarray([index]))
 
 
