@@ -9,14 +9,17 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 
 from fedmcmc import evaluation as ev
-from fedmcmc.app.outputs import write_outputs, write_run
-from fedmcmc.data import load_dataset, split_and_standardise
+from fedmcmc.app import outputs
+from fedmcmc.app.outputs import original_scale, write_outputs, write_run
+from fedmcmc.data import load_dataset, local, split_and_standardise
 from fedmcmc.evaluation import regression
-from fedmcmc.models import linear_regression, logistic_regression, multinomial_logistic_regression
+from fedmcmc.models import (linear_regression, linear_regression_unknown_noise, logistic_regression,
+                            multinomial_logistic_regression, with_intercept)
 from fedmcmc.runtime import io
 from fedmcmc.runtime.records import SimulationResult
 
@@ -32,6 +35,12 @@ class Inputs(NamedTuple):
     task: str
     feature_names: list
     clients: list
+    scaling: dict | None = None
+    target_scaling: dict | None = None
+
+
+#: The config of the breast-cancer runs: their model has no intercept.
+CFG = {"model": {"name": "logistic", "intercept": False}, "sampler": {"step_size": 0.01}}
 
 
 def result_of(samples, bits=100):
@@ -64,7 +73,7 @@ def written(breast_cancer, tmp_path_factory):
     built = SimpleNamespace(model=model, sampler=SimpleNamespace(name="qlsd++"), tests=tests, inputs=inputs,
                             step={"value": 0.01, "rule": "given"}, privacy=None)
     lines = []
-    summary = write_run(out, {"sampler": {"step_size": 0.01}}, built, result_of(draws), echo=lines.append)
+    summary = write_run(out, CFG, built, result_of(draws), echo=lines.append)
     return out, summary, lines
 
 
@@ -82,7 +91,7 @@ def test_inference_data_follows_the_schema_and_arviz_runs_on_it(written, breast_
     assert ll.dims == ("chain", "draw", "obs") and ll.shape == (4, 120, n)
     np.testing.assert_array_equal(ll["client"].values, np.repeat([0, 1, 2], [len(y) for _, y in tests]))
     np.testing.assert_array_equal(idata.observed_data["y"].values, np.concatenate([y for _, y in tests]))
-    assert json.loads(idata.attrs["config"]) == {"sampler": {"step_size": 0.01}}
+    assert json.loads(idata.attrs["config"]) == CFG
     assert json.loads(idata.attrs["step"]) == {"value": 0.01, "rule": "given"}
     assert all(idata[g].attrs["inference_library"] == "fedmcmc" for g in idata.groups())
     with warnings.catch_warnings():
@@ -99,7 +108,7 @@ def test_release_draws_writes_the_posterior_and_what_the_draws_give_alone(writte
     inputs = Inputs("classification", [f"f{i}" for i in range(30)], [{"source": "a", "n_train": 9, "n_test": 3}])
     built = SimpleNamespace(model=model, sampler=SimpleNamespace(name="qlsd#"), tests=tests, inputs=inputs,
                             step={"value": 0.01, "rule": "given"}, privacy={"release": "draws", "client": {}})
-    summary = write_run(tmp_path, {"sampler": {"step_size": 0.01}}, built, result_of(draws), echo=lambda _: None)
+    summary = write_run(tmp_path, CFG, built, result_of(draws), echo=lambda _: None)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary)) and "bits" not in summary and summary["predictive"] is None
     assert summary["settings"]["inputs"]["clients"] == [] and summary["settings"]["privacy"]["release"] == "draws"
@@ -212,3 +221,69 @@ def test_several_runs_share_a_method_dimension():
     np.testing.assert_array_equal(idata.sample_stats["bits_up"].isel(method=1).values, np.full((2, 8), 5))
     with pytest.raises(ValueError, match="describe one run"):
         io.to_inference_data(runs, step_size=0.1)
+
+
+def test_original_scale_against_a_hand_computation():
+    """Per draw: slope_j = s_y b_j / s_j, intercept = m_y + s_y (b_0 - sum_j b_j m_j / s_j), sigma =
+    s_y exp(log sigma); the same predictions as the standardised model on raw rows."""
+    rng = np.random.default_rng(5)
+    draws = rng.normal(size=(2, 3, 4))  # intercept, two slopes, log sigma
+    scaling = local.Scaling(np.array([100.0, 50.0]), np.array([15.0, 5.0]))
+    target = local.Scaling(np.array(120.0), np.array(20.0))
+    got = original_scale(draws, "linear", scaling, target, unknown_noise=True)
+    assert set(got) == {"coef", "sigma"} and got["coef"].shape == (2, 3, 3)
+    for c, d in [(0, 0), (1, 2)]:
+        b0, b1, b2, log_sigma = draws[c, d]
+        expected = [120 + 20 * (b0 - b1 * 100 / 15 - b2 * 50 / 5), 20 * b1 / 15, 20 * b2 / 5]
+        np.testing.assert_allclose(got["coef"][c, d], expected, rtol=1e-12)
+        assert got["sigma"][c, d] == pytest.approx(20 * np.exp(log_sigma), rel=1e-12)
+        x = rng.normal([100.0, 50.0], [15.0, 5.0], size=(4, 2))
+        standardised = 120 + 20 * (b0 + ((x - scaling.mean) / scaling.scale) @ [b1, b2])
+        np.testing.assert_allclose(got["coef"][c, d, 0] + x @ got["coef"][c, d, 1:], standardised, rtol=1e-10)
+    logistic = original_scale(draws[..., :3], "logistic", scaling, target)  # a class label is not scaled
+    np.testing.assert_allclose(logistic["coef"][..., 1], draws[..., 1] / 15, rtol=1e-12)
+    np.testing.assert_allclose(logistic["odds_ratio"], np.exp(logistic["coef"][..., 1:]), rtol=1e-12)
+    np.testing.assert_array_equal(original_scale(draws, "linear", unknown_noise=True)["coef"], draws[..., :3])
+    with pytest.raises(ValueError, match="2 scaled features"):
+        original_scale(draws, "linear", scaling, target)
+
+
+def test_a_standardised_regression_target_is_read_in_its_own_units(tmp_path):
+    """write_run of linear regression with unknown noise on a standardised target (mean 120,
+    scale 20): held-out log-likelihood, observed data and RMSE/NLL in the target's units, the
+    original-scale coefficients and sigma in posterior.nc, summary.csv and the printed table."""
+    rng = np.random.default_rng(6)
+    m, s = 120.0, 20.0
+    scaling = {"mean": [10.0, 0.0, -5.0], "scale": [2.0, 1.0, 4.0]}
+    model = with_intercept(linear_regression_unknown_noise(4))
+    draws = (np.array([0.1, 0.5, -0.3, 0.2, np.log(0.4)]) + 0.05 * rng.standard_normal((2, 50, 5))).astype(np.float32)
+    x = rng.standard_normal((20, 3)).astype(np.float32)  # standardised inputs, as load_data gives them
+    y_std = 0.1 + x @ np.array([0.5, -0.3, 0.2]) + 0.4 * rng.standard_normal(20)
+    tests = ((x[:12], (m + s * y_std[:12]).astype(np.float32)), (x[12:], (m + s * y_std[12:]).astype(np.float32)))
+    inputs = Inputs("regression", ["a", "b", "c"], [], scaling, {"mean": m, "scale": s})
+    built = SimpleNamespace(model=model, sampler=SimpleNamespace(name="lsd*"), tests=tests, inputs=inputs,
+                            step={"value": 0.01, "rule": "given"}, privacy=None)
+    printed = []
+    summary = write_run(tmp_path, {"model": {"name": "linear"}}, built, result_of(draws), echo=lambda _: None,
+                        show=printed.append)
+    labels = ["coef[intercept]", "coef[a]", "coef[b]", "coef[c]", "sigma"]
+    assert [row["parameter"] for row in summary["table"]] == labels
+    table = pd.read_csv(tmp_path / "summary.csv")
+    assert list(table["parameter"]) == labels and list(table.columns[1:]) == list(outputs.TABLE_COLUMNS)
+    assert len(printed) == 1 and all(label in printed[0] for label in labels)
+    idata = az.from_netcdf(tmp_path / "posterior.nc")
+    assert list(idata.posterior["theta"]["theta_dim"].values) == ["intercept", "a", "b", "c", "log_sigma"]
+    expected = original_scale(draws, "linear", local.scaling_from(scaling),
+                              local.Scaling(np.array(m), np.array(s)), unknown_noise=True)
+    np.testing.assert_allclose(idata.posterior["coef"].values, expected["coef"], rtol=1e-12)
+    np.testing.assert_allclose(idata.posterior["sigma"].values, expected["sigma"], rtol=1e-12)
+    assert az.summary(idata).shape[0] == 5 + 4 + 1 and list(summary["convergence"]["parameters"])[-1] == "theta[log_sigma]"
+    np.testing.assert_allclose(idata.observed_data["y"].values, m + s * y_std, rtol=1e-6)
+    standardised = [float(model.log_likelihood(jnp.asarray(draws[1, 7]), (x[i], y_std[i]))) for i in range(20)]
+    np.testing.assert_allclose(idata.log_likelihood["y"].values[1, 7], np.array(standardised) - np.log(s),
+                               rtol=1e-5, atol=1e-5)
+    y_all = np.concatenate([y for _, y in tests])
+    got, ref = summary["predictive"]["overall"], ev.regression_report(model, draws, x, y_std)
+    assert got["rmse"] == pytest.approx(s * ref["rmse"], rel=1e-4)
+    assert got["nll"] == pytest.approx(ref["nll"] + np.log(s), rel=1e-4)
+    assert got["coverage"] == ref["coverage"] and got["num_points"] == len(y_all)

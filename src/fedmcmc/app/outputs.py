@@ -260,8 +260,8 @@ def _verdict(posterior_check: Mapping | None) -> dict:
 
 
 def write_run(out, cfg: dict, built, result: SimulationResult, max_draws: int | None = io.MAX_STORED_DRAWS,
-              posterior_check: Mapping | None = None,
-              echo: Callable[[str], None] | None = None) -> dict:
+              posterior_check: Mapping | None = None, echo: Callable[[str], None] | None = None,
+              show: Callable[[str], None] | None = None) -> dict:
     """:func:`write_outputs` for a run of ``[data]`` + ``[model]``, from what
     :func:`fedmcmc.app.config.build` returns (its ``model``, ``sampler``, ``tests``, ``inputs``
     and ``step``); the config, the inputs and the step rule are the settings (a step per client,
@@ -275,7 +275,7 @@ def write_run(out, cfg: dict, built, result: SimulationResult, max_draws: int | 
                          task=inputs.task, feature_names=inputs.feature_names, draws_only=draws_only,
                          step_size=step if np.ndim(step) == 0 else None, max_draws=max_draws, echo=echo,
                          posterior_check=None if draws_only else posterior_check,
-                         derived=original_variables(cfg["model"], inputs),
+                         derived=original_variables(cfg["model"], inputs), show=show,
                          settings=privacy.released(built.privacy, {"config": cfg, "inputs": inputs._asdict(),
                                                                    "step": built.step, **privacy.attrs(built.privacy)}))
 
