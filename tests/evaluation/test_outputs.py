@@ -277,7 +277,8 @@ def test_a_standardised_regression_target_is_read_in_its_own_units(tmp_path):
                               local.Scaling(np.array(m), np.array(s)), unknown_noise=True)
     np.testing.assert_allclose(idata.posterior["coef"].values, expected["coef"], rtol=1e-12)
     np.testing.assert_allclose(idata.posterior["sigma"].values, expected["sigma"], rtol=1e-12)
-    assert az.summary(idata).shape[0] == 5 + 4 + 1 and list(summary["convergence"]["parameters"])[-1] == "theta[log_sigma]"
+    assert az.summary(idata).shape[0] == 5 + 4 + 1
+    assert list(summary["convergence"]["parameters"])[-1] == "theta[log_sigma]"  # the model's coordinates
     np.testing.assert_allclose(idata.observed_data["y"].values, m + s * y_std, rtol=1e-6)
     standardised = [float(model.log_likelihood(jnp.asarray(draws[1, 7]), (x[i], y_std[i]))) for i in range(20)]
     np.testing.assert_allclose(idata.log_likelihood["y"].values[1, 7], np.array(standardised) - np.log(s),
