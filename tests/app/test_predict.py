@@ -18,7 +18,7 @@ F = 4
 NAMES = [f"f{i}" for i in range(F)]
 
 
-def write_run(folder, task, draws, scaling, class_names=None):
+def write_run(folder, task, draws, scaling, class_names=None, target_scaling=None):
     """A run folder as `fedmcmc run` leaves it: config.toml, results.json["inputs"], posterior.nc."""
     folder.mkdir()
     model = "logistic" if task == "classification" else "linear"
@@ -27,6 +27,8 @@ def write_run(folder, task, draws, scaling, class_names=None):
     inputs = {"task": task, "num_classes": 2 if task == "classification" else None, "feature_names": NAMES,
               "class_names": class_names, "scaling": scaling, "clients": [{"source": "a.csv", "n_train": 9,
                                                                          "n_test": 3}], "input_shape": [F]}
+    if target_scaling is not None:  # the records of runs before target standardisation have no such key
+        inputs["target_scaling"] = target_scaling
     (folder / "results.json").write_text(json.dumps({"inputs": inputs}))
     c, n = draws.shape[:2]
     zeros = np.zeros((c, n), np.int64)
@@ -76,6 +78,21 @@ def test_regression_gives_the_predictive_interval_and_residuals(tmp_path, rows):
     for column, values in [("mean", expected.mean), ("lower", expected.lower), ("upper", expected.upper),
                            ("residual", y - expected.mean)]:
         np.testing.assert_allclose(got[column], values, rtol=1e-5, atol=1e-5)
+
+
+def test_a_standardised_target_is_predicted_in_its_own_units(tmp_path, rows):
+    """The run's model saw (y - 120) / 20: mean, interval and residual come back in y's units."""
+    x, scaling, scaled = rows
+    draws = np.random.default_rng(3).normal(0.2, 0.1, (2, 30, F)).astype(np.float32)
+    run = write_run(tmp_path / "run", "regression", draws, scaling, target_scaling={"mean": 120.0, "scale": 20.0})
+    model = linear_regression(F, noise_scale=0.3)
+    y = 120.0 + 20.0 * scaled @ np.full(F, 0.2)
+    pd.DataFrame(x, columns=NAMES).assign(label=y).to_csv(tmp_path / "new.csv", index=False)
+    got = pd.read_csv(predict(run, tmp_path / "new.csv", level=0.8, build_model=lambda cfg, inputs: model))
+    standardised = ev.predictive_interval(model, draws, scaled.astype(np.float32), level=0.8)
+    for column, values in [("mean", standardised.mean), ("lower", standardised.lower), ("upper", standardised.upper)]:
+        np.testing.assert_allclose(got[column], 120.0 + 20.0 * values, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(got["residual"], y - got["mean"], atol=1e-3)
 
 
 def _cli_error(capsys, *args):
