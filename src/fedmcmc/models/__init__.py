@@ -11,10 +11,11 @@ from fedmcmc.models.logistic import logistic_regression
 from fedmcmc.models.mlp import mlp, mlp_layout
 from fedmcmc.models.softmax import multinomial_layout, multinomial_logistic_regression
 from fedmcmc.models.tempered import tempered
+from fedmcmc.models.whitened import Whitening, whitened, whitening
 
 __all__ = ["GaussianPosterior", "gaussian_mean", "gaussian_mean_posterior", "gaussian_factors",
            "gaussian_factors_posterior", "logistic_regression", "linear_regression",
            "linear_regression_posterior", "LinearPosterior", "multinomial_logistic_regression",
            "multinomial_layout", "mlp", "mlp_layout", "lenet5", "lenet5_layout", "tempered", "with_intercept",
-           "clipped_gradients",
+           "clipped_gradients", "whitened", "whitening", "Whitening",
            "ParamLayout", "initial_position"]
