@@ -103,6 +103,23 @@ def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_p
     np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
 
 
+def test_a_whitened_run_gives_the_simulators_samples_bit_for_bit(tmp_path):
+    """QLSD* with step_size = "auto" whitens ([run] whiten = "auto"): the server and its clients
+    (``LocalTransport``, each built from the config as the Flower apps build them) make the same
+    whitening and give the simulator's draws of z bit for bit; mapped back, the draws are theta's."""
+    import functools
+
+    text = QLSD_PP.replace('name = "qlsd++"', 'name = "qlsd*"').replace("step_size = 1e-3", 'step_size = "auto"')
+    text = text.replace("batch_size = 5\nrefresh_every = 2\n", "")
+    server = ServerRuntime(text, tmp_path, functools.partial(config.from_text, start=True))
+    res = server.run(LocalTransport(text, server.b, config.from_text))
+    assert server.built.whitening[1]["used"]
+    np.testing.assert_array_equal(res.samples, reference(text).samples)
+    theta = config.in_theta(server.built, res).samples
+    np.testing.assert_allclose(theta, server.built.whitening[0].to_theta(res.samples), rtol=0)
+    assert np.abs(theta.mean(axis=(0, 1)) - server.built.exact.mean).max() < 1.0  # near the posterior, not z's origin
+
+
 def test_wire_rejects_malformed_uploads():
     like = [jax.ShapeDtypeStruct((4,), np.float32)]
     v = np.array([1.0, -2.0, 0.5, 0.0], np.float32)
