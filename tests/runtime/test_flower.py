@@ -483,6 +483,7 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
     assert [c["n_train"] for c in payload["inputs"]["clients"]] == list(np.asarray(built.data.counts))
     assert payload["laplace"]["available"] is False and "node-local" in payload["posterior_check"]["why"]
+    assert payload["whitening"]["used"] is False and "node-local" in payload["whitening"]["why"]
     assert payload["inputs"]["scaling"] == built.inputs.scaling  # the pooled scaling from the nodes' moments
     assert sorted(set(reads)) == sorted(p["data-path"] for p in paths.values())
     monkeypatch.setattr(local, "read_client", read_client)
@@ -493,6 +494,10 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     auto = grid.text.replace("qlsd*", "qlsd++").replace("step_size = ", "step_size = \"auto\"\n# ")
     with pytest.raises(config.ConfigError, match=r'step_size = "auto" cannot run on node-local data'):
         apps.start_server(InProcessGrid(apps.make_client_app(), 3, auto, node_config=paths), auto, tmp_path / "auto")
+    whitened = grid.text.replace("qlsd*", "qlsd++").replace("[run]\n", "[run]\nwhiten = true\n")
+    with pytest.raises(config.ConfigError, match=r"whiten = true needs .*node-local data"):
+        apps.start_server(InProcessGrid(apps.make_client_app(), 3, whitened, node_config=paths), whitened,
+                          tmp_path / "whitened")
 
 
 def test_a_kept_program_is_loaded_by_another_process_and_gives_the_same_bits(tmp_path):
