@@ -103,6 +103,23 @@ def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_p
     np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
 
 
+def test_a_whitened_run_gives_the_simulators_samples_bit_for_bit(tmp_path):
+    """QLSD* with step_size = "auto" whitens ([run] whiten = "auto"): the server and its clients
+    (``LocalTransport``, each built from the config as the Flower apps build them) make the same
+    whitening and give the simulator's draws of z bit for bit; mapped back, the draws are theta's."""
+    import functools
+
+    text = QLSD_PP.replace('name = "qlsd++"', 'name = "qlsd*"').replace("step_size = 1e-3", 'step_size = "auto"')
+    text = text.replace("batch_size = 5\nrefresh_every = 2\n", "")
+    server = ServerRuntime(text, tmp_path, functools.partial(config.from_text, start=True))
+    res = server.run(LocalTransport(text, server.b, config.from_text))
+    assert server.built.whitening[1]["used"]
+    np.testing.assert_array_equal(res.samples, reference(text).samples)
+    theta = config.in_theta(server.built, res).samples
+    np.testing.assert_allclose(theta, server.built.whitening[0].to_theta(res.samples), rtol=0)
+    assert np.abs(theta.mean(axis=(0, 1)) - server.built.exact.mean).max() < 1.0  # near the posterior, not z's origin
+
+
 def test_wire_rejects_malformed_uploads():
     like = [jax.ShapeDtypeStruct((4,), np.float32)]
     v = np.array([1.0, -2.0, 0.5, 0.0], np.float32)
@@ -466,6 +483,7 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
     assert [c["n_train"] for c in payload["inputs"]["clients"]] == list(np.asarray(built.data.counts))
     assert payload["laplace"]["available"] is False and "node-local" in payload["posterior_check"]["why"]
+    assert payload["whitening"]["used"] is False and "node-local" in payload["whitening"]["why"]
     assert payload["inputs"]["scaling"] == built.inputs.scaling  # the pooled scaling from the nodes' moments
     assert sorted(set(reads)) == sorted(p["data-path"] for p in paths.values())
     monkeypatch.setattr(local, "read_client", read_client)
@@ -476,6 +494,10 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     auto = grid.text.replace("qlsd*", "qlsd++").replace("step_size = ", "step_size = \"auto\"\n# ")
     with pytest.raises(config.ConfigError, match=r'step_size = "auto" cannot run on node-local data'):
         apps.start_server(InProcessGrid(apps.make_client_app(), 3, auto, node_config=paths), auto, tmp_path / "auto")
+    whitened = grid.text.replace("qlsd*", "qlsd++").replace("[run]\n", "[run]\nwhiten = true\n")
+    with pytest.raises(config.ConfigError, match=r"whiten = true needs .*node-local data"):
+        apps.start_server(InProcessGrid(apps.make_client_app(), 3, whitened, node_config=paths), whitened,
+                          tmp_path / "whitened")
 
 
 def test_a_kept_program_is_loaded_by_another_process_and_gives_the_same_bits(tmp_path):

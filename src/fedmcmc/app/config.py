@@ -23,6 +23,10 @@ and ``[run]``. Relative file paths are relative to the config file's folder. Exa
                                       # devices = 2: local GPUs to spread the chains over (default all)
                                       # max_stored_draws = 2000: draws per chain in posterior.nc,
                                       # thinned evenly (the default; 0: all)
+                                      # init, posterior_check: fedmcmc.app.posterior
+                                      # whiten = "auto" | true | false: the sampler in coordinates
+                                      # theta = theta* + L z, L L^T = H^-1 (fedmcmc.app.whiten;
+                                      # "auto", the default, with step_size = "auto")
 
 Both sections are registries. A ``[problem]`` may set its builder's keyword arguments
 (:func:`fedmcmc.app.problems.settings`). A ``[sampler]`` may set its builder's arguments
@@ -54,7 +58,7 @@ from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices", "init",
-        "posterior_check", "max_stored_draws"}
+        "posterior_check", "max_stored_draws", "whiten"}
 #: Optional sections: the Flower runtime's (docs/flower.md; ignored by ``fedmcmc run``), privacy (app/privacy.py).
 _OPTIONAL = {"flower": set(settings.DEFAULTS), "privacy": privacy.KEYS}
 
@@ -72,8 +76,9 @@ class Built(NamedTuple):
         The clients' training data (pooled into one client for a pooled sampler), the model
         (``[problem]``'s, or ``[model]`` built for the data), a ``[problem]``'s exact posterior (or None).
     sampler, mode
-        The registered sampler built from ``[sampler]``; the federated mode the run found (for
-        QLSD*'s control variates or for ``step_size = "auto"``), else None.
+        The registered sampler built from ``[sampler]`` (on the whitened model when ``whitening``
+        is used: it moves ``z``); the federated mode the run found in ``theta`` (for QLSD*'s control
+        variates, ``step_size = "auto"`` or the whitening), else None.
     tests, inputs
         Each client's held-out ``(x, y)``, or None (a ``[problem]``, or ``test_fraction = 0``); what
         the data were (:class:`fedmcmc.app.inputs.Inputs`), None for a ``[problem]``.
@@ -83,8 +88,13 @@ class Built(NamedTuple):
         ``[privacy]``, the bounds and the (epsilon, delta) the run meets (:func:`fedmcmc.app.privacy.settle`).
     laplace, start
         ``(approximation or None, record)`` of :func:`fedmcmc.app.posterior.laplace` and the chains'
-        starting points ``[num_chains, d]``, set by :func:`with_start` where the run is driven (the
-        simulator, a Flower server); None until then.
+        starting points ``[num_chains, d]`` in the sampler's coordinates (``z`` when whitened), set
+        by :func:`with_start` where the run is driven (the simulator, a Flower server); until then
+        None, or the approximation made for the whitening (:func:`fedmcmc.app.posterior.approximate`).
+    whitening
+        ``(Whitening or None, record)``, set by :func:`build_run`: the map ``theta = theta* + L z``
+        the sampler runs in (:mod:`fedmcmc.app.whiten`), None when it runs in ``theta``, and
+        ``results.json``'s ``whitening`` (its cost, or why it is not used).
     """
 
     data: Any
@@ -98,6 +108,7 @@ class Built(NamedTuple):
     privacy: dict | None = None
     laplace: tuple | None = None
     start: np.ndarray | None = None
+    whitening: tuple | None = None
 
 
 class _Run(NamedTuple):
@@ -322,8 +333,16 @@ def build(cfg: dict, base_dir: str | Path | None = None) -> Built:
 
 def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Built:
     """The :class:`Built` run of ``cfg`` on ``data`` and ``model``: the registered builder called
-    with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS`."""
+    with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS`. When the run whitens
+    (:mod:`fedmcmc.app.whiten`), in this order: the mode (the sampler's, else found once here),
+    the Laplace approximation there (kept for :func:`with_start`), the whitened model, the
+    automatic step on it, and the sampler on it (QLSD*'s mode mapped to ``z``, no second search)."""
+    from fedmcmc.app import posterior, whiten
+    from fedmcmc.models import whitened, whitening
+
     name, section = sampler_name(cfg), cfg["sampler"]
+    entry = REGISTRY[name]
+    use, why = whiten.setting(cfg)
     run = _Run(name, data, model)
     params = _parameters(name)
     # what the section gives first, so that a bad value fails before the run's own work (the mode)
@@ -331,26 +350,61 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Buil
     args = {param: _ARGUMENTS[param].make(section, run) for param in made}
     args.update({param: section[_RENAMED.get(param, param)] for param in params
                  if param not in _ARGUMENTS and _RENAMED.get(param, param) in section})
-    step, mode = {"value": section.get("step_size"), "rule": "given"}, args.get("mode")
-    if section.get("step_size") == "auto":
+    auto_step, mode = section.get("step_size") == "auto", args.get("mode")
+    step, approximated, moved, paid = {"value": section.get("step_size"), "rule": "given"}, None, None, False
+    on = (model, mode)  # what the step and the sampler see: the model and its mode, or the whitened ones
+    if use:
+        paid = mode is None and auto_step  # the mode the step would have found: its cost is the step's
+        mode = gradients.find_mode(model, data) if paid else mode
+        on = (model, mode)
+        run_data = data.pooled() if entry.pooled else data
+        approx, laplace = approximated = posterior.approximate(model, run_data, mode)
+        if approx is None and cfg["run"].get("whiten") is True:
+            raise ConfigError(f"[run] whiten = true needs the Laplace approximation at the mode: {laplace['why']}; "
+                              "set whiten = false")
+        if approx is None:
+            use, why = False, laplace["why"]
+        else:
+            w = whitening(approx)
+            moved = (w, whiten.record(w, run_data.num_clients, None if posterior.wanted(cfg) else laplace))
+            on = (whitened(model, w.centre, w.factor), None if mode is None else whiten.mode_in_z(model, mode, w))
+            args.update({"model": on[0], **({"mode": on[1]} if "mode" in args else {})})
+    if auto_step:
         from fedmcmc.app import step as auto
 
         param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
-        args[param], step, mode = auto.auto_step(cfg["run"].get("seed", 0), name, args, model, data, mode)
-    entry = REGISTRY[name]
-    args, record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError)
+        args[param], step, found = auto.auto_step(cfg["run"].get("seed", 0), name, args, on[0], data, on[1])
+        if paid:
+            step = {**step, "rounds": step["rounds"] + mode.rounds, "bits": step["bits"] + mode.bits}
+        mode = mode or found
+    args, privacy_record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError)
     sampler = entry.build(**args)
-    return Built(data.pooled() if entry.pooled else data, model, exact, sampler, mode, tests, info, step, record)
+    return Built(data.pooled() if entry.pooled else data, model, exact, sampler, mode, tests, info, step,
+                 privacy_record, laplace=approximated, whitening=moved or (None, {"used": False, "why": why}))
 
 
 def with_start(cfg: dict, built: Built, data_known: bool = True) -> Built:
     """The run with its Laplace approximation (:func:`fedmcmc.app.posterior.laplace`; none when
     the data are not ``data_known``, a Flower server's node-local data) and the chains' starting
-    points by ``[run] init`` (:func:`fedmcmc.app.posterior.starts`)."""
-    from fedmcmc.app import posterior
+    points by ``[run] init`` (:func:`fedmcmc.app.posterior.starts`), mapped to ``z`` when the
+    sampler runs whitened."""
+    from fedmcmc.app import posterior, whiten
 
     approx, record = posterior.laplace(cfg, built, data_known)
-    return built._replace(laplace=(approx, record), start=posterior.starts(cfg, built.model.dim, approx))
+    start = posterior.starts(cfg, built.model.dim, approx)
+    w, entry = built.whitening
+    if not data_known:  # whiten = true refused here; "auto" never whitens there (node-local data take a given step)
+        entry = {"used": False, "why": whiten.setting(cfg, data_known=False)[1]}
+    if w is not None:
+        start = w.to_z(start)
+    return built._replace(laplace=(approx, record), start=start, whitening=(w, entry))
+
+
+def in_theta(built: Built, res):
+    """The result ``res`` of a run of ``built`` with its draws in ``theta``, the model's coordinates
+    (mapped from ``z`` when the sampler ran whitened; as it is otherwise)."""
+    w = built.whitening[0]
+    return res if w is None else res._replace(samples=w.to_theta(res.samples))
 
 
 def identity(cfg: dict) -> dict:
@@ -379,7 +433,7 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     config or its data are refused, nor into a folder that holds a run without ``resume`` or
     ``overwrite`` (:func:`fedmcmc.runtime.identity.claim`); a resume of another run is refused
     naming the first setting that differs."""
-    from fedmcmc.app import step as auto
+    from fedmcmc.app import step as auto, whiten
     from fedmcmc.runtime import devices, identity as run_identity
     from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.runtime.simulator import simulate
@@ -387,6 +441,8 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     cfg = load(path)
     started = time.perf_counter()
     built = build(cfg, path.parent)
+    if built.whitening[0] is not None:
+        print(whiten.describe(built.whitening[1]))
     if built.step["rule"] != "given":
         print(auto.describe(built.step))
     r = dict(cfg["run"])
@@ -408,14 +464,14 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
         raise DivergenceError(err.iteration, err.chains, built.step) from None
     if resume:
         (out / "config.toml").write_text(path.read_text())
-    return report(cfg, built, res, out, started)
+    return report(cfg, built, in_theta(built, res), out, started)
 
 
 def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extra) -> dict:
     """Write ``results.json``, ``posterior.nc`` and ``trace.png`` of a finished run to ``out`` (shared
-    by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``); ``extra`` entries are added to
-    ``results.json``. The errors against the exact posterior are there for a ``[problem]``; ``inputs``
-    records a ``[data]`` run's data, whose outputs are :func:`fedmcmc.app.outputs.write_run`'s."""
+    by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``, its draws in ``theta``: :func:`in_theta`);
+    ``extra`` entries are added to ``results.json``. The errors against the exact posterior are
+    there for a ``[problem]``; ``inputs`` records a ``[data]`` run's data, whose outputs are :func:`fedmcmc.app.outputs.write_run`'s."""
     from fedmcmc.app import outputs, posterior  # the writers and plots: not needed to build a run (a Flower client)
     from fedmcmc.evaluation import diagnostics
     from fedmcmc.runtime import io
@@ -450,6 +506,7 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
         "theta_star": (None if built.mode is None or "mode" not in _parameters(sampler_name(cfg))
                        else {"rounds": built.mode.rounds, "bits": built.mode.bits}),
         "laplace": laplace,
+        "whitening": built.whitening[1],
         "posterior_check": checked,
         "sampler_seconds": res.wall_seconds,
         "wall_seconds": time.perf_counter() - started,

@@ -66,24 +66,34 @@ def not_available(cfg: dict) -> str | None:
     return None
 
 
+def approximate(model, data, mode) -> tuple[approximation.Laplace | None, dict]:
+    """``(approximation or None, record)`` at ``mode`` (found here when None, its search then
+    counted in the record's rounds and bits), or None and why (a failed search, a Hessian that is
+    not positive definite)."""
+    rounds, bits = 0, 0
+    try:
+        if mode is None:
+            mode = gradients.find_mode(model, data)
+            rounds, bits = mode.rounds, mode.bits
+        approx = approximation.laplace_approximation(model, data, mode)
+    except ValueError as err:  # a mode search that failed, or a Hessian that is not positive definite there
+        return None, {"available": False, "why": str(err)}
+    return approx, {"available": True, "full": approx.full, "rounds": rounds + approx.rounds,
+                    "bits": bits + approx.bits, "gradient_norm_at_mode": mode.gradient_norm}
+
+
 def laplace(cfg: dict, built, data_known: bool = True) -> tuple[approximation.Laplace | None, dict]:
     """``(approximation or None, record)`` of the run: the record says what it cost (rounds and bits,
-    the mode's search included when it was run for it) or why there is none."""
+    the mode's search included when it was run for it) or why there is none. The approximation the
+    run's whitening was made from (``built.laplace``, :mod:`fedmcmc.app.whiten`) is reused."""
     if not wanted(cfg):
         return None, {"available": False, "why": "[run] posterior_check = false and init needs no mode"}
     why = not_available(cfg) or (None if data_known else "node-local data: the mode is not yet computed as Flower rounds")
     if why is None:
-        mode, rounds, bits = built.mode, 0, 0
-        try:
-            if mode is None:
-                mode = gradients.find_mode(built.model, built.data)
-                rounds, bits = mode.rounds, mode.bits
-            approx = approximation.laplace_approximation(built.model, built.data, mode)
-        except ValueError as err:  # a mode search that failed, or a Hessian that is not positive definite there
-            why = str(err)
-        else:
-            return approx, {"available": True, "full": approx.full, "rounds": rounds + approx.rounds,
-                            "bits": bits + approx.bits, "gradient_norm_at_mode": mode.gradient_norm}
+        approx, record = built.laplace or approximate(built.model, built.data, built.mode)
+        if approx is not None:
+            return approx, record
+        why = record["why"]
     if _init(cfg) in ("dispersed", "mode"):
         raise _error(f"[run] init = {cfg['run']['init']!r} needs the Laplace approximation at the mode, which this "
                      f"run has not: {why}; use init = \"zeros\" or give the values")

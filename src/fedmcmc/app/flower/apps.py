@@ -268,6 +268,9 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
         runtime = server.ServerRuntime(cfg_text, out, functools.partial(config_lib.from_text, start=True),
                                        resume=resume, overwrite=overwrite)
         return runtime, GridTransport(grid, runtime.b, runtime.flower)
+    from fedmcmc.app import whiten  # after _lib(): JAX on one thread
+
+    whiten.setting(cfg, data_known=False)  # whiten = true refused before the nodes are greeted
     transport = GridTransport(grid, nodes.num_clients(cfg["data"]), flower_settings(cfg))
     summaries = [nodes.summary_from_json(transport.hellos[i]["summary"]) for i in range(transport.b)]
     nodes.check_columns(summaries, [f"SuperNode {transport.node[i]} (partition-id {i})" for i in range(transport.b)])
@@ -295,7 +298,9 @@ def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str, base_d
                  median_round_message_bytes=_median([d for d, _ in transport.sizes]),
                  median_round_reply_bytes=_median([u for _, u in transport.sizes]),
                  max_round_seconds=float(max(seconds)) if seconds else None)
-    return _lib()[0].report(runtime.cfg, runtime.built, res, Path(out), started, flower=stats)
+    config_lib = _lib()[0]
+    return config_lib.report(runtime.cfg, runtime.built, config_lib.in_theta(runtime.built, res), Path(out), started,
+                             flower=stats)
 
 
 def _median(values) -> float | None:
