@@ -60,6 +60,11 @@ def _errors(draws, exact):
     return mean_off, sd_off
 
 
+def _within_chain_sd(draws, exact):
+    """Per parameter: the chains' own standard deviation (averaged over chains) over the exact one."""
+    return draws.std(axis=1).mean(axis=0) / np.sqrt(np.diag(exact.cov))
+
+
 def test_target_and_features_standardised_by_the_config(inputs):
     """Birth weights in ounces, a config that standardises them: SGLD's automatic step (not
     whitened here) and the chains dispersed around the mode give the exact posterior."""
@@ -84,15 +89,14 @@ def test_features_in_their_own_units_whitened_and_not(inputs):
     payload, draws, exact = _run(inputs, "births", "raw-plain", 'name = "lsd++"', data="standardise = false",
                                  run="whiten = false")
     assert payload["whitening"]["used"] is False
-    mean_off, sd_off = _errors(draws, exact)
-    assert max(mean_off.max(), sd_off.max()) > 1
+    assert _within_chain_sd(draws, exact).min() < 0.5  # the chains barely leave their dispersed starts
     assert payload["posterior_check"]["passed"] is not True
     assert payload["diagnostics"]["max_rhat"] > 1.01
 
 
 def test_correlated_features_whitened_and_not(inputs):
     """The diamonds' 26 parameters (condition 1e6): whitened, SGLD's automatic step gives the exact
-    posterior; not whitened, the draws are far from it and the posterior check does not pass."""
+    posterior; not whitened, the chains barely move and the run says so."""
     payload, draws, exact = _run(inputs, "diamonds", "auto", 'name = "sgld"')
     assert payload["whitening"]["used"] is True
     mean_off, sd_off = _errors(draws, exact)
@@ -100,9 +104,9 @@ def test_correlated_features_whitened_and_not(inputs):
     assert payload["posterior_check"]["passed"] is True
 
     payload, draws, exact = _run(inputs, "diamonds", "plain", 'name = "sgld"', run="whiten = false")
-    mean_off, sd_off = _errors(draws, exact)
-    assert max(mean_off.max(), sd_off.max()) > 1
+    assert _within_chain_sd(draws, exact).min() < 0.5
     assert payload["posterior_check"]["passed"] is not True
+    assert payload["diagnostics"]["max_rhat"] > 1.01
 
 
 def test_cg_dsgld_automatic_step(inputs):

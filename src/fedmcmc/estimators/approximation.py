@@ -31,10 +31,10 @@ import numpy as np
 
 from fedmcmc.core.base import Model
 from fedmcmc.data.federated import FederatedData
-from fedmcmc.estimators.gradients import ModeResult, potential
+from fedmcmc.estimators.gradients import FULL_HESSIAN_DIM, ModeResult, potential
 
 #: Up to this many parameters the approximation has a full covariance; beyond, a diagonal one.
-FULL_DIM = 200
+FULL_DIM = FULL_HESSIAN_DIM
 
 
 class Laplace(NamedTuple):

@@ -143,7 +143,7 @@ def _qlsd_cv(s: Setting) -> tuple[float, str]:
 
 def _qlsd_pp(s: Setting) -> tuple[float, str]:
     gamma, rule = _qlsd_cv(s)
-    if s.lambda_min is None or not s.args.get("memory", True):
+    if s.lambda_min is None or not s.lambda_min > 0 or not s.args.get("memory", True):  # no estimate of m
         return gamma, rule
     rate = s.args.get("memory_rate")
     alpha = 1.0 / (1.0 + np.max(_omega(s))) if rate is None else float(np.min(rate))
