@@ -61,23 +61,37 @@ def predictive_draws(model, samples, x, batch_size: int = 256) -> tuple[np.ndarr
     return mu, var
 
 
-def mixture_quantiles(mu, var, probs, iterations: int = 60) -> np.ndarray:
+def mixture_quantiles(mu, var, probs, iterations: int = 60, rtol: float = 1e-12) -> np.ndarray:
     """Quantiles of ``(1/S) sum_s N(mu_s, var_s)`` for each column of ``mu, var [S, n]``: ``[len(probs), n]``.
 
-    Bisection on the mixture's CDF, which lies between the smallest ``mu - 10 sigma`` and the
-    largest ``mu + 10 sigma``; ``iterations`` halvings of that bracket.
+    The ``p``-quantile lies between the smallest and the largest of the components' own
+    ``p``-quantiles ``mu_s + z_p sigma_s``; inside that bracket, Newton's steps on the mixture's
+    CDF (its density the derivative), a bisection wherever a step would leave the bracket, which
+    shrinks at every iteration; at most ``iterations`` of them, until the steps are below ``rtol``
+    of the mixture's scale.
     """
-    from scipy.special import ndtr
+    from scipy.special import ndtr, ndtri
 
     mu, sd = np.asarray(mu, np.float64), np.sqrt(np.asarray(var, np.float64))
+    scale = np.sqrt(np.mean(sd**2, axis=0) + np.var(mu, axis=0))
     out = []
     for p in np.atleast_1d(probs):
-        lo, hi = (mu - 10 * sd).min(axis=0), (mu + 10 * sd).max(axis=0)
+        own = mu + ndtri(p) * sd
+        lo, hi = own.min(axis=0), own.max(axis=0)
+        x = np.clip(mu.mean(axis=0) + ndtri(p) * scale, lo, hi)
         for _ in range(iterations):
-            mid = 0.5 * (lo + hi)
-            below = ndtr((mid - mu) / sd).mean(axis=0) < p
-            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-        out.append(0.5 * (lo + hi))
+            t = (x - mu) / sd
+            excess = ndtr(t).mean(axis=0) - p
+            density = np.mean(np.exp(-0.5 * t**2) / sd, axis=0) / np.sqrt(2 * np.pi)
+            lo, hi = np.where(excess < 0, x, lo), np.where(excess < 0, hi, x)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                newton = x - excess / density
+            step = np.where((newton > lo) & (newton < hi), newton, 0.5 * (lo + hi))
+            done = np.all(np.abs(step - x) <= rtol * scale)
+            x = step
+            if done:
+                break
+        out.append(x)
     return np.stack(out)
 
 
