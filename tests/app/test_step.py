@@ -64,6 +64,14 @@ def test_every_kind_of_step_is_set(sampler, extra):
     assert given.step == {"value": 0.001, "rule": "given"}
 
 
+def test_dg_sgld_automatic_tolerance_is_built_into_the_sampler():
+    from fedmcmc.samplers.steps import tolerance
+
+    built = config.build(tomllib.loads(CONFIG.format(sampler="dg-sgld", extra='rho = "auto"')))
+    assert built.step["rho"] == pytest.approx(tolerance(built.step["lambda_max"]))
+    assert np.all(np.asarray(built.step["value"]) > 0)
+
+
 def test_psgld_auto_is_one_clear_line(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(CONFIG.format(sampler="psgld", extra=""))
@@ -74,6 +82,9 @@ def test_psgld_auto_is_one_clear_line(tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(config.ConfigError, match='step_size must be a positive number or "auto"'):
         config.validate(tomllib.loads(CONFIG.format(sampler="qlsd*", extra="").replace('"auto"', '"fast"')))
+    with pytest.raises(config.ConfigError, match='rho must be a positive number, or "auto" with step_size = "auto"'):
+        config.validate(tomllib.loads(CONFIG.format(sampler="dg-sgld", extra='rho = "auto"').replace(
+            'step_size = "auto"', "step_size = 0.01")))
 
 
 def _breast_cancer_split(num_clients):

@@ -50,6 +50,18 @@ def test_per_client_steps_of_dg_sgld_and_the_learning_rate_of_fedavg():
     assert rate == pytest.approx(200 / 50.0)
 
 
+def test_dg_sgld_automatic_tolerance_smooths_a_gaussian_by_the_allowed_inflation():
+    """rho = "auto": the theta-marginal of Gaussian factors of precisions H_i, each smoothed by rho,
+    has precision sum_i H_i / (1 + rho H_i); with one factor carrying all of L its sd is wider by
+    exactly 1 + STD_INFLATION, with the curvature spread over factors by less."""
+    rho = steps.tolerance(50.0)
+    assert np.sqrt(1 + rho * 50.0) == pytest.approx(1 + steps.STD_INFLATION)
+    spread = np.array([10.0, 15.0, 25.0])
+    assert np.sqrt(spread.sum() / np.sum(spread / (1 + rho * spread))) < 1 + steps.STD_INFLATION
+    gamma, _ = steps.auto_step("dg-sgld", _setting(rho="auto"))
+    assert gamma == pytest.approx(2 * steps.E / (50.0 + 1 / rho))
+
+
 def test_psgld_and_a_bad_curvature_are_refused_in_one_line():
     with pytest.raises(ValueError, match="psgld has no step_size = \"auto\".*give step_size"):
         steps.auto_step("psgld", _setting())

@@ -292,6 +292,9 @@ def _validate_sampler(cfg: dict) -> None:
                           + "".join(f"; {text}" for text in why if text))
     if isinstance(section.get("step_size"), str) and section["step_size"] != "auto":
         raise ConfigError(f'[sampler] step_size must be a positive number or "auto" (got {section["step_size"]!r})')
+    if isinstance(section.get("rho"), str) and (section["rho"] != "auto" or section.get("step_size") != "auto"):
+        raise ConfigError(f'[sampler] rho must be a positive number, or "auto" with step_size = "auto" (got '
+                          f'{section["rho"]!r})')
     for param, p in _parameters(name).items():
         key = _RENAMED.get(param, param)
         if isinstance(p.default, bool) and key in section and not isinstance(section[key], bool):
@@ -377,6 +380,11 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Buil
         if paid:
             step = {**step, "rounds": step["rounds"] + mode.rounds, "bits": step["bits"] + mode.bits}
         mode = mode or found
+        if args.get("rho") == "auto":  # DG-SGLD's tolerance from the same curvature
+            from fedmcmc.samplers.steps import tolerance
+
+            args["rho"] = tolerance(step["lambda_max"])
+            step = {**step, "rho": args["rho"]}
     args, privacy_record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError)
     sampler = entry.build(**args)
     return Built(data.pooled() if entry.pooled else data, model, exact, sampler, mode, tests, info, step,

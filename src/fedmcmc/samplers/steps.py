@@ -64,7 +64,11 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   only, so for both samplers a visit is bounded as FA-HMC's round, as one step of ``V h / 2``.
 * DG-SGLD (Plassier et al. 2021): client ``i``'s step on ``U_i(z) + ||z - theta||^2 / (2 rho_i)``,
   whose curvature is at most ``L + 1 / rho_i`` (``nabla^2 U_i <= nabla^2 U`` for convex terms):
-  ``gamma_i = 2 E / (L (1 + kappa_i) + 1 / rho_i)``, ``kappa_i = N_i / n_i - 1``.
+  ``gamma_i = 2 E / (L (1 + kappa_i) + 1 / rho_i)``, ``kappa_i = N_i / n_i - 1``. With ``rho =
+  "auto"`` the tolerance is the largest whose smoothing keeps the same inflation
+  (:func:`tolerance`): a factor of precision ``H_i`` becomes ``H_i (I + rho H_i)^{-1}``, at least
+  ``(1 + rho L)^{-1}`` of it, so the sd grows by at most ``sqrt(1 + rho L)``, and
+  ``rho = ((1 + 0.02)^2 - 1) / L``. A smaller ``rho`` is less biased and mixes more slowly.
 * FedAvg (McMahan et al. 2017), an optimiser: gradient descent's ``1 / L`` on the clients'
   averaged objective ``sum_c w_c F_c = U / N``, i.e. ``learning_rate = N / L``.
 * pSGLD has none: its step is relative to an RMSprop preconditioner built from the gradients
@@ -178,8 +182,15 @@ def _dsgld(s: Setting) -> tuple[float, str]:
     return 4.0 * E / (s.lambda_max * scale * int(s.args["local_steps"])), "4E / (L max_s(w_s/f_s + kappa_s) V)"
 
 
+def tolerance(lambda_max: float) -> float:
+    """DG-SGLD's ``rho = "auto"``: ``((1 + STD_INFLATION)^2 - 1) / L`` (module docstring)."""
+    return ((1.0 + STD_INFLATION) ** 2 - 1.0) / lambda_max
+
+
 def _dg_sgld(s: Setting) -> tuple[np.ndarray, str]:
-    rho = np.broadcast_to(np.asarray(s.args["rho"], np.float64), s.counts.shape)
+    rho = s.args["rho"]
+    rho = tolerance(s.lambda_max) if isinstance(rho, str) else rho
+    rho = np.broadcast_to(np.asarray(rho, np.float64), s.counts.shape)
     kappa = s.counts / _batch(s) - 1.0
     gamma = 2.0 * E / (s.lambda_max * (1.0 + kappa) + 1.0 / rho)
     return (float(gamma[0]) if np.all(gamma == gamma[0]) else gamma), "2E / (L (1 + kappa_i) + 1/rho_i)"
