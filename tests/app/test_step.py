@@ -64,11 +64,16 @@ def test_every_kind_of_step_is_set(sampler, extra):
     assert given.step == {"value": 0.001, "rule": "given"}
 
 
-def test_dg_sgld_automatic_tolerance_is_built_into_the_sampler():
-    from fedmcmc.samplers.steps import tolerance
+@pytest.mark.parametrize("sampler, extra, key, rule", [
+    ("dg-sgld", 'rho = "auto"', "rho", "tolerance"),
+    ("cg-dsgld", 'local_steps = 2\nsurrogate = "sgld"\nsurrogate_step_size = "auto"', "surrogate_step_size",
+     "surrogate_step")])
+def test_keys_set_from_the_same_curvature(sampler, extra, key, rule):
+    """DG-SGLD's tolerance and CG-DSGLD's surrogate step, "auto" with the step: from its lambda_max."""
+    from fedmcmc.samplers import steps
 
-    built = config.build(tomllib.loads(CONFIG.format(sampler="dg-sgld", extra='rho = "auto"')))
-    assert built.step["rho"] == pytest.approx(tolerance(built.step["lambda_max"]))
+    built = config.build(tomllib.loads(CONFIG.format(sampler=sampler, extra=extra)))
+    assert built.step[key] == pytest.approx(getattr(steps, rule)(built.step["lambda_max"]))
     assert np.all(np.asarray(built.step["value"]) > 0)
 
 
@@ -82,9 +87,12 @@ def test_psgld_auto_is_one_clear_line(tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(config.ConfigError, match='step_size must be a positive number or "auto"'):
         config.validate(tomllib.loads(CONFIG.format(sampler="qlsd*", extra="").replace('"auto"', '"fast"')))
-    with pytest.raises(config.ConfigError, match='rho must be a positive number, or "auto" with step_size = "auto"'):
-        config.validate(tomllib.loads(CONFIG.format(sampler="dg-sgld", extra='rho = "auto"').replace(
-            'step_size = "auto"', "step_size = 0.01")))
+    for sampler, extra, key in (("dg-sgld", 'rho = "auto"', "rho"),
+                                ("cg-dsgld", 'local_steps = 2\nsurrogate = "sgld"\nsurrogate_step_size = "auto"',
+                                 "surrogate_step_size")):
+        with pytest.raises(config.ConfigError, match=f'{key} must be a positive number, or "auto" with step_size'):
+            config.validate(tomllib.loads(CONFIG.format(sampler=sampler, extra=extra).replace(
+                'step_size = "auto"', "step_size = 0.01", 1)))
 
 
 def _breast_cancer_split(num_clients):

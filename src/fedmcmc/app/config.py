@@ -54,7 +54,7 @@ from fedmcmc.app import inputs, privacy, problems
 from fedmcmc.app.inputs import model_from_config
 from fedmcmc.compression import resolve_compressor
 from fedmcmc.runtime.flower import settings
-from fedmcmc.samplers import ALIASES, REGISTRY
+from fedmcmc.samplers import ALIASES, REGISTRY, steps
 from fedmcmc.samplers.participation import resolve_participation
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices", "init",
@@ -160,7 +160,10 @@ def _surrogate(s: dict, run: _Run):
     if kind not in _SURROGATES:
         raise ConfigError(f"unknown surrogate {kind!r}; choose one of {tuple(_SURROGATES)}")
     if kind == "sgld" and "surrogate_step_size" not in s:
-        raise ConfigError('surrogate = "sgld" needs surrogate_step_size, the local Langevin step')
+        raise ConfigError('surrogate = "sgld" needs surrogate_step_size, the local Langevin step (a number, or "auto" '
+                          'with step_size = "auto")')
+    if s.get("surrogate_step_size") == "auto":
+        return None  # set with the step, from the same curvature (build_run, _AUTO_KEYS)
     return _SURROGATES[kind](s, s.get("surrogate_covariance", "full"))
 
 
@@ -179,6 +182,10 @@ _ARGUMENTS = {
     "surrogate": _Argument(("surrogate", "surrogate_covariance", "surrogate_step_size", "surrogate_steps",
                             "surrogate_burn_in"), _surrogate),
 }
+#: ``[sampler]`` keys besides ``step_size`` that ``"auto"`` sets from the same curvature at the mode
+#: (with ``step_size = "auto"``): DG-SGLD's tolerance and CG-DSGLD's local Langevin step of its
+#: SGLD surrogates (:mod:`fedmcmc.samplers.steps`).
+_AUTO_KEYS = {"rho": steps.tolerance, "surrogate_step_size": steps.surrogate_step}
 #: Builder arguments under another key: FedAvg's learning rate is the step size.
 _RENAMED = {"learning_rate": "step_size"}
 #: Builder arguments a config leaves at their defaults: an initial array, and CG-DSGLD's
@@ -292,9 +299,10 @@ def _validate_sampler(cfg: dict) -> None:
                           + "".join(f"; {text}" for text in why if text))
     if isinstance(section.get("step_size"), str) and section["step_size"] != "auto":
         raise ConfigError(f'[sampler] step_size must be a positive number or "auto" (got {section["step_size"]!r})')
-    if isinstance(section.get("rho"), str) and (section["rho"] != "auto" or section.get("step_size") != "auto"):
-        raise ConfigError(f'[sampler] rho must be a positive number, or "auto" with step_size = "auto" (got '
-                          f'{section["rho"]!r})')
+    for key in _AUTO_KEYS:
+        if isinstance(section.get(key), str) and (section[key] != "auto" or section.get("step_size") != "auto"):
+            raise ConfigError(f'[sampler] {key} must be a positive number, or "auto" with step_size = "auto" (got '
+                              f'{section[key]!r})')
     for param, p in _parameters(name).items():
         key = _RENAMED.get(param, param)
         if isinstance(p.default, bool) and key in section and not isinstance(section[key], bool):
@@ -380,11 +388,12 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Buil
         if paid:
             step = {**step, "rounds": step["rounds"] + mode.rounds, "bits": step["bits"] + mode.bits}
         mode = mode or found
-        if args.get("rho") == "auto":  # DG-SGLD's tolerance from the same curvature
-            from fedmcmc.samplers.steps import tolerance
-
-            args["rho"] = tolerance(step["lambda_max"])
-            step = {**step, "rho": args["rho"]}
+        for key, rule in _AUTO_KEYS.items():
+            if section.get(key) == "auto":
+                value = rule(step["lambda_max"])
+                step, resolved = {**step, key: value}, {**section, key: value}
+                args.update({param: value if param == key else _ARGUMENTS[param].make(resolved, run) for param in params
+                             if param == key or (param in _ARGUMENTS and key in _ARGUMENTS[param].keys)})
     args, privacy_record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError)
     sampler = entry.build(**args)
     return Built(data.pooled() if entry.pooled else data, model, exact, sampler, mode, tests, info, step,

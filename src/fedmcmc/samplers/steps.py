@@ -62,6 +62,8 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   follows one shard, the bias conducive gradients cure exactly only with exact surrogates
   (Gaussian models); Taylor or Laplace surrogates of another likelihood are exact at the mode
   only, so for both samplers a visit is bounded as FA-HMC's round, as one step of ``V h / 2``.
+  CG-DSGLD's SGLD surrogates (``surrogate_step_size = "auto"``, :func:`surrogate_step`) run ULA
+  with ``gamma = h / 2`` on a shard's potential, whose curvature is at most ``L``: ``h = 4 E / L``.
 * DG-SGLD (Plassier et al. 2021): client ``i``'s step on ``U_i(z) + ||z - theta||^2 / (2 rho_i)``,
   whose curvature is at most ``L + 1 / rho_i`` (``nabla^2 U_i <= nabla^2 U`` for convex terms):
   ``gamma_i = 2 E / (L (1 + kappa_i) + 1 / rho_i)``, ``kappa_i = N_i / n_i - 1``. With ``rho =
@@ -185,6 +187,11 @@ def _dsgld(s: Setting) -> tuple[float, str]:
 def tolerance(lambda_max: float) -> float:
     """DG-SGLD's ``rho = "auto"``: ``((1 + STD_INFLATION)^2 - 1) / L`` (module docstring)."""
     return ((1.0 + STD_INFLATION) ** 2 - 1.0) / lambda_max
+
+
+def surrogate_step(lambda_max: float) -> float:
+    """CG-DSGLD's ``surrogate_step_size = "auto"``: ``4 E / L`` (module docstring)."""
+    return 4.0 * E / lambda_max
 
 
 def _dg_sgld(s: Setting) -> tuple[np.ndarray, str]:
