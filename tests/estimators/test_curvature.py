@@ -51,3 +51,55 @@ def test_bad_settings_are_refused():
         curvature(jax.random.key(0), model, data, np.zeros(model.dim), max_rounds=1)
     with pytest.raises(ValueError, match="tol"):
         curvature(jax.random.key(0), model, data, np.zeros(model.dim), tol=0.0)
+
+
+def test_heterogeneity_of_gaussian_means_is_the_closed_form():
+    """Clients of n_c points x ~ N(theta, I), prior N(0, 4 I): f_c = U_0 + U_c / w_c has Hessian
+    A_c = I / 4 + N I and gradient g_c = theta / 4 + N (theta - xbar_c) (w_c = n_c / N)."""
+    from fedmcmc.estimators.curvature import heterogeneity
+    from fedmcmc.models import gaussian_mean
+
+    rng = np.random.default_rng(2)
+    clients = [rng.normal(loc, 1.0, size=(n, 2)).astype(np.float32) for loc, n in ((-1.0, 30), (0.5, 50), (2.0, 20))]
+    data = from_clients(clients)
+    model = gaussian_mean(2, prior_scale=2.0)
+    theta = np.array([0.3, -0.2])
+    w, total = np.asarray(data.weights, np.float64), 100
+    g = np.stack([theta / 4 + total * (theta - x.mean(axis=0)) for x in clients])
+    got = heterogeneity(model, data, theta, data.weights)
+    assert got.drift == pytest.approx(np.linalg.norm(w @ ((0.25 + total) * g)), rel=1e-4)
+    assert got.spread == pytest.approx(np.linalg.eigvalsh((w[:, None] * g).T @ g)[-1], rel=1e-4)
+    assert (got.rounds, got.bits_up, got.bits_down) == (1, 3 * 2 * 32 * 2, 3 * 32 * 2)
+
+
+@pytest.mark.parametrize("kind", ["langevin", "leapfrog"])
+def test_the_drift_offset_of_the_step_rules_is_the_averaged_mean_maps_fixed_point(kind):
+    """On quadratic local potentials the exact fixed point of the clients' averaged mean map is
+    off the mode by (beta / alpha) A^{-1} b to second order (fedmcmc.samplers.steps): T Langevin
+    steps, (I - gamma A_c)^T, beta / alpha = (T - 1) gamma / 2; n trajectories of K leapfrog steps
+    from fresh momenta, the position block of the leapfrog map to the n, (K eta)^2 (1/12 + (n - 1)/4)."""
+    rng = np.random.default_rng(3)
+    w = np.array([0.2, 0.3, 0.5])
+    a = [np.diag(rng.uniform(0.5, 1.5, 2)) + 0.1 for _ in w]
+    m = [rng.normal(0, 3, 2) for _ in w]
+    big_a = sum(wc * ac for wc, ac in zip(w, a))
+    star = np.linalg.solve(big_a, sum(wc * ac @ mc for wc, ac, mc in zip(w, a, m)))
+    b = sum(wc * ac @ ac @ (star - mc) for wc, ac, mc in zip(w, a, m))
+    if kind == "langevin":
+        gamma, steps = 1e-3, 10
+        maps = [np.linalg.matrix_power(np.eye(2) - gamma * ac, steps) for ac in a]
+        ratio = (steps - 1) * gamma / 2
+    else:
+        eta, k, n = 1e-2, 5, 3
+        maps = []
+        for ac in a:
+            x, p = np.eye(2), np.zeros((2, 2))
+            for _ in range(k):
+                p = p - eta / 2 * ac @ x
+                x = x + eta * p
+                p = p - eta / 2 * ac @ x
+            maps.append(np.linalg.matrix_power(x, n))
+        ratio = (k * eta) ** 2 * (1 / 12 + (n - 1) / 4)
+    lhs = sum(wc * (np.eye(2) - mc_) for wc, mc_ in zip(w, maps))
+    fixed = np.linalg.solve(lhs, sum(wc * (np.eye(2) - mc_) @ mc for wc, mc_, mc in zip(w, maps, m)))
+    np.testing.assert_allclose(fixed - star, ratio * np.linalg.solve(big_a, b), rtol=0.05)

@@ -67,3 +67,21 @@ def test_psgld_and_a_bad_curvature_are_refused_in_one_line():
         steps.auto_step("psgld", _setting())
     with pytest.raises(ValueError, match="positive and finite"):
         steps.auto_step("sgld", _setting(lam=float("nan")))
+
+
+def test_the_clients_drift_and_the_shards_noise_shrink_the_step_when_they_bind():
+    """FA-LD (K = 1, T = 10) keeps (beta / alpha) |b| below D in whitened units (L = m = 1); DSGLD
+    keeps the shard noise's inflation gamma V lambda_max(S) / 2 below E; without heterogeneity
+    the curvature rules stand; CG-DSGLD does not read it."""
+    def whitened(**args):
+        return steps.Setting(1.0, 1.0, args, np.asarray((40, 60, 100)), 8, drift=50.0, spread=600.0)
+
+    plain, _ = steps.auto_step("fa-ld", _setting(lam=1.0, weights=None, local_steps=10))
+    eta, rule = steps.auto_step("fa-ld", whitened(weights=None, local_steps=10))
+    assert "drift" in rule and eta < plain
+    assert eta**2 * (1 / 12 + 9 / 4) * 50.0 == pytest.approx(steps.MEAN_OFFSET)
+    h, rule = steps.auto_step("dsgld", whitened(probs=np.full(3, 1 / 3), local_steps=10))
+    assert "shard noise" in rule and h / 2 * 10 * 600.0 / 2 == pytest.approx(steps.E)
+    cg = dict(probs=np.full(3, 1 / 3), local_steps=10, surrogate="a surrogate")
+    assert steps.auto_step("cg-dsgld", whitened(**cg)) == steps.auto_step("cg-dsgld", _setting(lam=1.0, **cg))
+    assert set(steps.SHARES) == {"fa-hmc", "fa-ld", "dsgld"}

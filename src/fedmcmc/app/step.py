@@ -3,8 +3,9 @@
 The federated mode (:func:`fedmcmc.estimators.gradients.find_mode`, reused when the sampler
 already needs it) and the largest eigenvalue of the potential's Hessian there
 (:func:`fedmcmc.estimators.curvature.curvature`, one federated round per Hessian-vector
-product) feed the sampler's rule (:data:`fedmcmc.samplers.steps.RULES`, documented per sampler
-in that module). The record says what was chosen and what it cost: the power iterations'
+product), and for the samplers of :data:`fedmcmc.samplers.steps.SHARES` the clients'
+heterogeneity there (:func:`fedmcmc.estimators.curvature.heterogeneity`, one round), feed the
+sampler's rule (:data:`fedmcmc.samplers.steps.RULES`, documented per sampler in that module). The record says what was chosen and what it cost: the power iterations'
 rounds and bits, plus the mode's when it was found for the step alone (a sampler that needs the
 mode, QLSD*, counts it as ``theta_star`` in ``results.json``).
 """
@@ -17,7 +18,7 @@ import numpy as np
 from fedmcmc.estimators import curvature as curvature_lib
 from fedmcmc.estimators import gradients
 from fedmcmc.samplers import REGISTRY
-from fedmcmc.samplers.steps import Setting, auto_step as rule_step
+from fedmcmc.samplers.steps import SHARES, Setting, auto_step as rule_step
 
 #: Round budgets and tolerance of the power iterations (lambda_max, then lambda_min).
 MAX_ROUNDS, MAX_ROUNDS_SMALLEST, TOL = 200, 100, 1e-3
@@ -40,10 +41,16 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None) -> tuple
     mode = gradients.find_mode(model, data) if own else mode
     found = curvature_lib.curvature(jax.random.key(seed), model, data, mode.theta, max_rounds=MAX_ROUNDS, tol=TOL,
                                     smallest=True, max_rounds_smallest=MAX_ROUNDS_SMALLEST)
-    value, formula = rule_step(name, Setting(found.lambda_max, found.lambda_min, args, counts, int(model.dim)))
     rounds, bits = found.rounds + own * mode.rounds, found.bits_up + found.bits_down + own * mode.bits
+    pull = None
+    if name in SHARES:  # the clients' drift and noise at the mode: one more round
+        pull = curvature_lib.heterogeneity(model, data, mode.theta, args[SHARES[name]])
+        rounds, bits = rounds + pull.rounds, bits + pull.bits_up + pull.bits_down
+    value, formula = rule_step(name, Setting(found.lambda_max, found.lambda_min, args, counts, int(model.dim),
+                                             *((pull.drift, pull.spread) if pull else ())))
     record = {"value": np.asarray(value).tolist(), "rule": formula, "lambda_max": found.lambda_max,
-              "lambda_min": found.lambda_min, "converged": found.converged, "rounds": rounds, "bits": bits}
+              "lambda_min": found.lambda_min, "converged": found.converged, "rounds": rounds, "bits": bits,
+              **({"drift": pull.drift, "spread": pull.spread} if pull else {})}
     return value, record, mode
 
 

@@ -129,3 +129,62 @@ def curvature(key, model: Model, data: FederatedData, theta, max_rounds: int = 2
         low, rounds, converged = top - gap, rounds + extra, converged and converged_low
     bits = rounds * data.num_clients * 32 * d
     return Curvature(top, low, converged, rounds, bits, bits)
+
+
+class Heterogeneity(NamedTuple):
+    """How far apart the clients' local potentials pull at ``theta`` (the mode), and what it cost.
+
+    With client ``c``'s local potential ``f_c = U_0 + U_c / s_c`` (``s_c`` its share: FA-HMC's
+    ``w_c``, DSGLD's visit probability ``f_c``), its gradient ``g_c = grad f_c(theta)`` (they
+    average to zero at the mode, ``sum_c s_c g_c = grad U = 0``) and Hessian ``A_c``:
+
+    Attributes
+    ----------
+    drift
+        ``||sum_c s_c A_c g_c||``: what moves the stationary mean of samplers whose chains follow
+        one local potential for several steps (:mod:`fedmcmc.samplers.steps`).
+    spread
+        ``lambda_max(sum_c s_c g_c g_c')``: the covariance of the gradient of a client drawn with
+        probabilities ``s_c``, at the mode.
+    rounds, bits_up, bits_down
+        One round: every client uploads ``g_c`` and ``A_c g_c`` (``2 x 32 d`` bits) and receives theta.
+    """
+
+    drift: float
+    spread: float
+    rounds: int
+    bits_up: int
+    bits_down: int
+
+
+def heterogeneity(model: Model, data: FederatedData, theta, shares) -> Heterogeneity:
+    """:class:`Heterogeneity` of ``data``'s clients at ``theta`` with shares ``shares`` (one per client).
+
+    Each client computes its ``g_c`` and ``A_c g_c`` (a Hessian-vector product) on its own rows;
+    the server sums. In the simulator the clients run one after the other, each a pass over the
+    packed rows with its own rows weighted 1.
+    """
+    from fedmcmc.estimators.gradients import row_weights
+
+    rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
+    theta = jnp.asarray(theta, jnp.float32)
+
+    def local(t, weights, share):
+        ll = jax.vmap(model.log_likelihood, in_axes=(None, 0))(t, rows.x)
+        return -jnp.sum(weights * ll) / share - model.log_prior(t)
+
+    grad = jax.grad(local)
+
+    @jax.jit
+    def one(weights, share):
+        g = grad(theta, weights, share)
+        return g, jax.jvp(lambda t: grad(t, weights, share), (theta,), (g,))[1]
+
+    shares = np.asarray(shares, np.float64)
+    parts = [one(row_weights(rows, c), jnp.float32(shares[c])) for c in range(data.num_clients)]
+    g = np.stack([np.asarray(p[0], np.float64) for p in parts])
+    drift = float(np.linalg.norm(shares @ np.stack([np.asarray(p[1], np.float64) for p in parts])))
+    scaled = np.sqrt(shares)[:, None] * g
+    small = scaled @ scaled.T if scaled.shape[0] <= scaled.shape[1] else scaled.T @ scaled
+    bits = data.num_clients * 32 * int(model.dim)
+    return Heterogeneity(drift, float(np.linalg.eigvalsh(small)[-1]), 1, 2 * bits, bits)

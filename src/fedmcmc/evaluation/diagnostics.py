@@ -80,7 +80,8 @@ def convergence(posterior, rhat_max: float = RHAT_MAX, ess_min: float = ESS_MIN)
         lag1 = _lag1(_draws(az, posterior)[..., worst])
         advice = ("run more iterations, more burn-in or a smaller step size" if lag1 <= SLOW_AUTOCORRELATION else
                   f"they have barely moved (lag-1 autocorrelation {lag1:.3f}), so the steps are small against the "
-                  'posterior\'s scale: set step_size = "auto", standardise the features, or run more iterations')
+                  'posterior\'s scale: run more iterations (a step the curvature or the clients\' drift made small '
+                  'needs many), or with a given step try step_size = "auto", which also whitens the posterior')
         found.append(f"R-hat > {rhat_max} (or undefined) for {bad.sum()} of {len(r)} parameters (worst "
                      f"{labels[worst]}: {r[worst]:.4f}): the chains disagree; {advice}")
     low = ~(bulk >= ess_min)

@@ -64,6 +64,22 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   only, so for both samplers a visit is bounded as FA-HMC's round, as one step of ``V h / 2``.
   CG-DSGLD's SGLD surrogates (``surrogate_step_size = "auto"``, :func:`surrogate_step`) run ULA
   with ``gamma = h / 2`` on a shard's potential, whose curvature is at most ``L``: ``h = 4 E / L``.
+* **The clients' drift** (FA-HMC, FA-LD, DSGLD): a chain that follows one local potential
+  ``f_c = U_0 + U_c / s_c`` for several steps is pulled towards that client's own mode, and on
+  non-IID data the pulls do not cancel. On quadratic ``f_c`` (Hessians ``A_c``, gradients
+  ``g_c`` at the mode, ``sum_c s_c g_c = 0``) a client's mean map over a round is
+  ``x -> m_c + (I - alpha A_c + beta A_c^2)(x - m_c)`` to second order, and the fixed point of
+  the averaged map is off the mode by ``(beta / alpha) A^{-1} b``, ``b = sum_c s_c A_c g_c``
+  (:func:`fedmcmc.estimators.curvature.heterogeneity`, one round). ``beta / alpha`` is
+  ``(T - 1) gamma / 2`` for ``T`` Langevin steps of ``gamma`` and ``(K eta)^2 (1/12 + (n - 1)/4)``
+  for ``n`` trajectories of ``K`` leapfrog steps (``cos(K eta sqrt(A))^n``); the offset is at most
+  ``sqrt(L) / m`` times ``||A^{-1} b|| <= ||b|| / m`` in posterior sds of any marginal (1 when
+  the sampler runs whitened). The rules keep it below :data:`MEAN_OFFSET` (``D``, 0.05 sd) and
+  take the smaller step. DSGLD also draws one shard's gradient at a time: at the mode its
+  covariance is ``S = sum_s f_s g_s g_s'``, held for a visit of ``V`` steps, which adds
+  ``gamma V lambda_max(S) / 2`` to a relative variance (in whitened units; ``L / m`` more
+  otherwise): ``h <= 4 E m / (V L lambda_max(S))``. CG-DSGLD's conducive gradients cancel both
+  at the mode (exactly for Taylor surrogates there), so its rule reads neither.
 * DG-SGLD (Plassier et al. 2021): client ``i``'s step on ``U_i(z) + ||z - theta||^2 / (2 rho_i)``,
   whose curvature is at most ``L + 1 / rho_i`` (``nabla^2 U_i <= nabla^2 U`` for convex terms):
   ``gamma_i = 2 E / (L (1 + kappa_i) + 1 / rho_i)``, ``kappa_i = N_i / n_i - 1``. With ``rho =
@@ -89,13 +105,19 @@ from fedmcmc.samplers.trajectories import steps_per_round
 STD_INFLATION = 0.02
 #: ``E``: the admissible ``gamma L / 2`` of ULA for that inflation.
 E = 1.0 - (1.0 + STD_INFLATION) ** -2
+#: ``D``: the largest offset of the stationary mean a rule allows from the clients' drift, in posterior sds.
+MEAN_OFFSET = 0.05
+#: The samplers whose rules read the clients' heterogeneity, and the shares of their local potentials.
+SHARES = {"fa-hmc": "weights", "fa-ld": "weights", "dsgld": "probs"}
 
 
 class Setting(NamedTuple):
     """What a rule reads: the curvature, the sampler's builder arguments, and the data's sizes.
 
     ``lambda_min`` is None when not estimated; ``counts`` are the clients' ``N_i`` (one entry for a
-    pooled sampler).
+    pooled sampler); ``drift`` and ``spread`` are the clients' heterogeneity at the mode
+    (:class:`fedmcmc.estimators.curvature.Heterogeneity`, with the shares of :data:`SHARES`), None
+    when not measured.
     """
 
     lambda_max: float
@@ -103,6 +125,8 @@ class Setting(NamedTuple):
     args: dict
     counts: np.ndarray
     dim: int
+    drift: float | None = None
+    spread: float | None = None
 
 
 def _omega(s: Setting) -> np.ndarray:
@@ -167,6 +191,13 @@ def _sgld(s: Setting) -> tuple[float, str]:
     return _langevin(s, _minibatch_kappa(s)), "2E / (L (1 + N/n - 1)) (ULA variance)"
 
 
+def _in_sds(s: Setting) -> float | None:
+    """``sqrt(L) / m``: what turns ``||A^{-1}|| ||b||``-type offsets into posterior sds (1 when whitened)."""
+    if s.lambda_min is None or not s.lambda_min > 0:
+        return None
+    return float(np.sqrt(s.lambda_max) / s.lambda_min)
+
+
 def _fa_hmc(s: Setting) -> tuple[float, str]:
     k = int(s.args.get("num_leapfrog", 1))
     steps = steps_per_round(k, int(s.args["local_steps"]), s.args.get("clock", "leapfrog"))
@@ -174,14 +205,31 @@ def _fa_hmc(s: Setting) -> tuple[float, str]:
     lam = s.lambda_max
     omega = float(np.max(_omega(s)))
     d = steps * min(k, steps) * lam + k * _minibatch_kappa(s) * lam + k * sigma**2 + 4 * omega * steps**2 * lam
-    return 2.0 * np.sqrt(E / d), "2 sqrt(E / (S min(K, S) L + K (N/n - 1) L + K sigma^2 + 4 omega S^2 L))"
+    eta, rule = 2.0 * np.sqrt(E / d), "2 sqrt(E / (S min(K, S) L + K (N/n - 1) L + K sigma^2 + 4 omega S^2 L))"
+    scale, length = _in_sds(s), min(k, steps)
+    if s.drift and scale:
+        trajectories = steps / length
+        drifted = np.sqrt(MEAN_OFFSET / (scale * s.drift * (1 / 12 + (trajectories - 1) / 4))) / length
+        if drifted < eta:
+            return drifted, "sqrt(D / (sqrt(L)/m |b| (1/12 + (n - 1)/4))) / min(K, S) (client drift)"
+    return eta, rule
 
 
 def _dsgld(s: Setting) -> tuple[float, str]:
     w = s.counts / s.counts.sum()
     f = np.asarray(s.args["probs"], np.float64)
     scale = np.max(w / f + (s.counts / _batch(s) - 1.0) * w / f**2)
-    return 4.0 * E / (s.lambda_max * scale * int(s.args["local_steps"])), "4E / (L max_s(w_s/f_s + kappa_s) V)"
+    visit = int(s.args["local_steps"])
+    h, rule = 4.0 * E / (s.lambda_max * scale * visit), "4E / (L max_s(w_s/f_s + kappa_s) V)"
+    sds = _in_sds(s)
+    if s.spread is None or s.args.get("surrogate") is not None or not sds:
+        return h, rule  # CG-DSGLD (not in SHARES): its conducive gradients cancel the shards' pull at the mode
+    noise = 4.0 * E / (visit * s.spread * sds**2)
+    drift = 4.0 * MEAN_OFFSET / ((visit - 1) * sds * s.drift) if visit > 1 and s.drift else np.inf
+    if min(noise, drift) < h:
+        return ((noise, "4E m / (V L lambda_max(S)) (shard noise)") if noise <= drift
+                else (drift, "4D / ((V - 1) sqrt(L)/m |b|) (shard drift)"))
+    return h, rule
 
 
 def tolerance(lambda_max: float) -> float:
