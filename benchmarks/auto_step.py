@@ -51,7 +51,7 @@ PROBLEMS = {
     "diamonds": ("diamonds", "diamonds.toml", {}),
 }
 #: Row label -> [sampler] keys besides step_size = "auto": the keys a sampler must set, at values a
-#: user would try first; qlsd++ without whitening shows what whitening does.
+#: user would try first ("auto" where the key takes it); qlsd++ without whitening shows what whitening does.
 SAMPLERS = {
     "sgld": {"name": "sgld"},
     "psgld": {"name": "psgld"},
@@ -65,8 +65,8 @@ SAMPLERS = {
     "dsgld": {"name": "dsgld", "local_steps": 10},
     "cg-dsgld taylor": {"name": "cg-dsgld", "local_steps": 10, "surrogate": "taylor"},
     "cg-dsgld laplace": {"name": "cg-dsgld", "local_steps": 10, "surrogate": "laplace"},
-    "cg-dsgld sgld": {"name": "cg-dsgld", "local_steps": 10, "surrogate": "sgld"},
-    "dg-sgld": {"name": "dg-sgld", "rho": 0.01},
+    "cg-dsgld sgld": {"name": "cg-dsgld", "local_steps": 10, "surrogate": "sgld", "surrogate_step_size": "auto"},
+    "dg-sgld": {"name": "dg-sgld", "rho": "auto", "num_local_steps": 10},
     "qlsd++ whiten = false": {"name": "qlsd++", "compression": {"bits": 8}, "batch_fraction": 0.1, "whiten": False},
 }
 RUN = {"seed": 0, "num_chains": 4, "num_iterations": 20000, "burn_in": 2000, "thinning": 10}
