@@ -69,16 +69,16 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   non-IID data the pulls do not cancel. On quadratic ``f_c`` (Hessians ``A_c``, gradients
   ``g_c`` at the mode, ``sum_c s_c g_c = 0``) a client's mean map over a round is
   ``x -> m_c + (I - alpha A_c + beta A_c^2)(x - m_c)`` to second order, and the fixed point of
-  the averaged map is off the mode by ``(beta / alpha) A^{-1} b``, ``b = sum_c s_c A_c g_c``
+  the averaged map is off the mode by ``delta = (beta / alpha) A^{-1} b``, ``b = sum_c s_c A_c g_c``
   (:func:`fedmcmc.estimators.curvature.heterogeneity`, one round). ``beta / alpha`` is
   ``(T - 1) gamma / 2`` for ``T`` Langevin steps of ``gamma`` and ``(K eta)^2 (1/12 + (n - 1)/4)``
-  for ``n`` trajectories of ``K`` leapfrog steps (``cos(K eta sqrt(A))^n``); the offset is at most
-  ``sqrt(L) / m`` times ``||A^{-1} b|| <= ||b|| / m`` in posterior sds of any marginal (1 when
-  the sampler runs whitened). The rules keep it below :data:`MEAN_OFFSET` (``D``, 0.05 sd) and
-  take the smaller step. DSGLD also draws one shard's gradient at a time: at the mode its
-  covariance is ``S = sum_s f_s g_s g_s'``, held for a visit of ``V`` steps, which adds
-  ``gamma V lambda_max(S) / 2`` to a relative variance (in whitened units; ``L / m`` more
-  otherwise): ``h <= 4 E m / (V L lambda_max(S))``. CG-DSGLD's conducive gradients cancel both
+  for ``n`` trajectories of ``K`` leapfrog steps (``cos(K eta sqrt(A))^n``). In posterior sds,
+  no marginal (no linear combination) is off by more than ``||A^{1/2} delta|| <= (beta / alpha)
+  ||b|| / sqrt(m)`` (``m = lambda_min``; the bound is exact when the sampler runs whitened). The
+  rules keep it below :data:`MEAN_OFFSET` (``D``, 0.05 sd) and take the smaller step. DSGLD also
+  draws one shard's gradient at a time: at the mode its covariance is ``S = sum_s f_s g_s g_s'``,
+  held for a visit of ``V`` steps, which adds at most ``gamma V lambda_max(S) / (2 m)`` to a
+  marginal's relative variance: ``h <= 4 E m / (V lambda_max(S))``. CG-DSGLD's conducive gradients cancel both
   at the mode (exactly for Taylor surrogates there), so its rule reads neither.
 * DG-SGLD (Plassier et al. 2021): client ``i``'s step on ``U_i(z) + ||z - theta||^2 / (2 rho_i)``,
   whose curvature is at most ``L + 1 / rho_i`` (``nabla^2 U_i <= nabla^2 U`` for convex terms):
@@ -192,10 +192,11 @@ def _sgld(s: Setting) -> tuple[float, str]:
 
 
 def _in_sds(s: Setting) -> float | None:
-    """``sqrt(L) / m``: what turns ``||A^{-1}|| ||b||``-type offsets into posterior sds (1 when whitened)."""
+    """``1 / sqrt(m)``: the largest offset in posterior sds of a marginal per unit of ``||b||``
+    (``||A^{1/2} A^{-1} b|| <= ||b|| / sqrt(m)``; 1 when whitened)."""
     if s.lambda_min is None or not s.lambda_min > 0:
         return None
-    return float(np.sqrt(s.lambda_max) / s.lambda_min)
+    return float(1.0 / np.sqrt(s.lambda_min))
 
 
 def _fa_hmc(s: Setting) -> tuple[float, str]:
@@ -211,7 +212,7 @@ def _fa_hmc(s: Setting) -> tuple[float, str]:
         trajectories = steps / length
         drifted = np.sqrt(MEAN_OFFSET / (scale * s.drift * (1 / 12 + (trajectories - 1) / 4))) / length
         if drifted < eta:
-            return drifted, "sqrt(D / (sqrt(L)/m |b| (1/12 + (n - 1)/4))) / min(K, S) (client drift)"
+            return drifted, "sqrt(D sqrt(m) / (|b| (1/12 + (n - 1)/4))) / min(K, S) (client drift)"
     return eta, rule
 
 
@@ -227,8 +228,8 @@ def _dsgld(s: Setting) -> tuple[float, str]:
     noise = 4.0 * E / (visit * s.spread * sds**2)
     drift = 4.0 * MEAN_OFFSET / ((visit - 1) * sds * s.drift) if visit > 1 and s.drift else np.inf
     if min(noise, drift) < h:
-        return ((noise, "4E m / (V L lambda_max(S)) (shard noise)") if noise <= drift
-                else (drift, "4D / ((V - 1) sqrt(L)/m |b|) (shard drift)"))
+        return ((noise, "4E m / (V lambda_max(S)) (shard noise)") if noise <= drift
+                else (drift, "4D sqrt(m) / ((V - 1) |b|) (shard drift)"))
     return h, rule
 
 
