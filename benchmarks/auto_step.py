@@ -39,7 +39,7 @@ from fedmcmc.app import config, examples
 from fedmcmc.estimators import approximation, gradients
 from fedmcmc.evaluation import reference
 from fedmcmc.evaluation.distances import wasserstein1
-from fedmcmc.models.whitened import whitened
+from fedmcmc.models.whitened import whitened, whitening
 from fedmcmc.runtime import io
 
 #: Problem -> (example, its config file, changes to its [data]).
@@ -104,14 +104,11 @@ def nuts_reference(folder: Path, base: dict) -> dict:
     cfg = {**base, "sampler": {"name": "sgld", "step_size": 1e-3}, "run": {"num_chains": 1, "num_iterations": 1}}
     built = config.build(cfg, folder)
     mode = gradients.find_mode(built.model, built.data)
-    approx = approximation.laplace_approximation(built.model, built.data, mode)
-    factor = np.linalg.cholesky(approx.cov) if approx.full else approx.sd
-    model = whitened(built.model, approx.mean, factor)
+    w = whitening(approximation.laplace_approximation(built.model, built.data, mode))
+    model = whitened(built.model, w.centre, w.factor)
     started = time.perf_counter()
     ref = reference.nuts(0, model, built.data, *NUTS, name=f"auto-step-{model.name}")
-    z = ref.samples.astype(np.float64)
-    theta = approx.mean + (z @ factor.T if factor.ndim == 2 else z * factor)
-    return {"draws": theta, "rhat": ref.rhat, "ess": ref.ess, "divergences": ref.divergences,
+    return {"draws": w.to_theta(ref.samples.astype(np.float64)), "rhat": ref.rhat, "ess": ref.ess, "divergences": ref.divergences,
             "seconds": time.perf_counter() - started}
 
 
