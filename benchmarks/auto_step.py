@@ -166,16 +166,22 @@ def main() -> None:
     table(records)
 
 
+def cell(r: dict | None) -> str:
+    """A table cell: W1/sd, with the run's own verdict when it did not pass its posterior check."""
+    if r is None:
+        return ""
+    if "refused" in r:
+        return "diverged" if r["refused"].startswith("DivergenceError") else "refused"
+    verdict = {True: "", False: " (check failed)", None: f" (R-hat {r['max_rhat']:.2f})"}[r["posterior_check"]]
+    return f"{r['w1_over_sd']:.3f}{verdict}"
+
+
 def table(records: dict) -> None:
     problems = [p for p in PROBLEMS if p in records]
     print("| sampler | " + " | ".join(problems) + " |")
     print("| --- |" + " --- |" * len(problems))
     for label in SAMPLERS:
-        cells = []
-        for p in problems:
-            r = records[p].get(label)
-            cells.append("" if r is None else "refused" if "refused" in r else f"{r['w1_over_sd']:.3f}")
-        print(f"| {label} | " + " | ".join(cells) + " |")
+        print(f"| {label} | " + " | ".join(cell(records[p].get(label)) for p in problems) + " |")
 
 
 if __name__ == "__main__":
