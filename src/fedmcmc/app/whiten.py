@@ -96,4 +96,4 @@ def describe(entry: dict) -> str:
     """One line for the terminal."""
     kind = "full L = cholesky(H^-1)" if entry["full"] else "diagonal L = 1 / sqrt(diag H)"
     return (f"whiten: the sampler runs in z, theta = theta* + L z, {kind} "
-            f"({entry['rounds']} rounds, {entry['bits']} bits)")
+            f"({entry['rounds']} round{'s' * (entry['rounds'] != 1)}, {entry['bits']} bits)")
