@@ -31,9 +31,6 @@ import numpy as np
 from fedmcmc.estimators.gradients import ModeResult
 from fedmcmc.models.whitened import Whitening
 
-#: ``[run] whiten`` values.
-VALUES = ("auto", True, False)
-
 
 def _error(message: str) -> Exception:
     from fedmcmc.app.config import ConfigError
