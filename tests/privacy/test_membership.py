@@ -5,7 +5,6 @@ every threshold (up to Monte-Carlo error), while it does detect the canary."""
 
 import math
 
-import jax
 import numpy as np
 
 from fedmcmc.data.federated import from_clients
