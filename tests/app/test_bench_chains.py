@@ -8,5 +8,4 @@ def test_chain_scaling_measures_the_reference():
     out = chains.chain_scaling(rounds_scale=0.005, repeats=1, names=[])
     rates = out["chain_iterations_per_second"]
     assert set(rates) == {chains.REFERENCE}
-    assert out["reference_gain"] == rates[chains.REFERENCE]["gain"] > 0
-    assert out["least_gain"]["relative_to_reference"] == 1.0
+    assert all(rate > 0 for rate in rates[chains.REFERENCE].values())

@@ -11,7 +11,8 @@ from fedmcmc.models.gaussian import gaussian_mean
 
 def test_padding_overhead_reports_the_packed_layout():
     out = padding_overhead(chains=2, iterations=10, repeats=1)
-    assert out["padding_overhead_full_batch"] > 0 and out["target"] == 1.2
+    assert out["qlsd_identity_full_batch_chain_iterations_per_second"] > 0
+    assert out["ula_pooled_chain_iterations_per_second"] > 0
     settings = out["settings"]
     assert settings["points"] == 2042 and settings["points"] <= settings["rows_stored"] < 20 * 192
 

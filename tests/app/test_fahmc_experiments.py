@@ -49,7 +49,7 @@ def test_fahmc_vs_fald(tmp_path, monkeypatch):
                 chain_groups=2)
     r = run_study(fahmc_vs_fald, tmp_path / "out", progress=False, settings=tiny)
     runs = {(x["method"], x["num_leapfrog"]) for x in r["runs"]}
-    assert runs == {("FA-LD", 1), ("FA-HMC", 5)} and r["settings"]["clock"] == "leapfrog"
+    assert runs == {("FA-LD", 1), ("FA-HMC", 5)}
     for x in r["runs"]:
         # the group mean is over groups half the pool's size: finite samples raise ME
         assert np.isclose(np.mean(x["me_groups"]), x["me"]) and x["me_se"] > 0 and x["me"] > x["me_pooled"] > 0
