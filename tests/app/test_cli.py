@@ -122,6 +122,7 @@ def test_the_draws_stored_are_counted_where_the_draws_are(tmp_path):
     assert_one_line_error(refused("run", cfg, "--out", tmp_path / "never"), "max_stored_draws must be an integer >= 0")
 
 
+@pytest.mark.slow
 def test_run_keeps_its_compiled_programs_in_the_users_cache_folder(tmp_path):
     """With no compilation cache set for JAX, the command line keeps its programs in the user's
     cache folder (``FEDMCMC_CACHE``, then ``xla/``), bounded in size: the same run again, into
@@ -147,6 +148,7 @@ def test_run_keeps_its_compiled_programs_in_the_users_cache_folder(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_samples(tmp_path):
     import arviz
 

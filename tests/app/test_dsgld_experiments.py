@@ -7,6 +7,7 @@ from test_cli import assert_one_line_error, fedmcmc, refused
 from test_fahmc_experiments import reproduce
 
 
+@pytest.mark.slow
 def test_cgdsgld_gaussian_mean(tmp_path):
     r = reproduce(tmp_path, "cgdsgld-gaussian-mean", "num_chains=4", "iterations=8000", "burn_in=2000",
                   "local_updates=1,200")
@@ -25,6 +26,7 @@ def test_cgdsgld_gaussian_mean(tmp_path):
         assert (tmp_path / "cgdsgld-gaussian-mean" / name).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_cgdsgld_linear_regression(tmp_path):
     r = reproduce(tmp_path, "cgdsgld-linear-regression", "datasets=diabetes", "num_seeds=2", "iterations=4000",
                   "burn_in=1000", "surrogate_steps=500", "surrogate_burn_in=100")
@@ -60,6 +62,7 @@ burn_in = 10
 """
 
 
+@pytest.mark.slow
 def test_run_config_cg_dsgld(tmp_path):
     """(At step 4e-4 this run's variance is 3.5 times the exact posterior's and the posterior check
     fails it, exit code 4; at 1e-4 the ratio is 1.6, within the check's factor 1.5 in sd.)"""

@@ -26,6 +26,8 @@ from fedmcmc.models.linear import unknown_noise_posterior
 from fedmcmc.runtime import io
 from fedmcmc.samplers.steps import STD_INFLATION
 
+pytestmark = pytest.mark.slow
+
 Z = 4.0
 
 

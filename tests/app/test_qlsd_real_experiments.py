@@ -42,6 +42,7 @@ def test_variance_error_helpers_against_closed_forms():
         qlsd_memory.variance_error([1.0, 1.0], [1.0])
 
 
+@pytest.mark.slow
 def test_qlsd_memory_tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDMCMC_CACHE", str(tmp_path / "cache"))
     r = run_study(qlsd_memory, tmp_path / "out", quick=True, progress=False, settings=dict(
@@ -75,6 +76,7 @@ def test_paper_efficiency_is_table_3():
         assert round(qlsd_logistic.paper_efficiency(2**p, 784), 1) == paper
 
 
+@pytest.mark.slow
 def test_qlsd_logistic_tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDMCMC_CACHE", str(tmp_path / "cache"))
     r = run_study(qlsd_logistic, tmp_path / "out", quick=True, progress=False, settings=dict(
@@ -113,6 +115,7 @@ def test_kappa_bar_and_stationary_moment_closed_forms():
     assert qlsd_omega.loglog_slope([1, 2, 4], [3, 12, 48])[0] == pytest.approx(2.0)
 
 
+@pytest.mark.slow
 def test_qlsd_omega_tiny(tmp_path):
     r = run_study(qlsd_omega, tmp_path, quick=True, progress=False, settings=dict(
         levels=[1, 4, 16], step_sizes=[4.9e-4, 4.9e-5], sphere_draws=5000, mc_step_sizes=[4.9e-4], mc_levels=[1],
@@ -129,6 +132,7 @@ def test_qlsd_omega_tiny(tmp_path):
     assert (tmp_path / "bias_vs_omega.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_qlsd_big_data_tiny(tmp_path):
     r = run_study(qlsd_big_data, tmp_path, quick=True, progress=False, settings=dict(
         totals=[300, 3000], num_iterations=400, burn_in=100, num_chains=4, methods=["QLSD#", "QLSD*"]))

@@ -105,6 +105,7 @@ def _breast_cancer_split(num_clients):
     return data, logistic_regression(split.x_train.shape[1])
 
 
+@pytest.mark.slow
 def test_auto_steps_give_the_nuts_widest_and_narrowest_sds_on_breast_cancer(tmp_path, monkeypatch):
     """Issue 16's acceptance test within this suite's budget: with step_size = "auto", the widest and
     the narrowest marginal standard deviations of QLSD++, FA-HMC and CG-DSGLD are within 10% of
@@ -173,6 +174,7 @@ def _whiten_config(whiten, step="auto", sampler="lsd*", **run):
             "run": {"seed": 0, "num_chains": 4, "num_iterations": 3000, "burn_in": 500, "whiten": whiten, **run}}
 
 
+@pytest.mark.slow
 def test_whitening_lets_the_automatic_step_sample_an_ill_conditioned_posterior():
     """LSD* with step_size = "auto" on a posterior of condition number 4e6: whitened, the draws'
     means and sds are the exact posterior's within 4 Monte-Carlo errors (from the ESS of the draws

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from fedmcmc.app import config
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "tutorial.md"

@@ -118,6 +118,7 @@ def _simulate(cfg, built, **kwargs):
                     num_chains=r["num_chains"], chunk_size=r["chunk_size"], **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_flower_runtime_gives_the_simulators_samples(name, tmp_path):
     """The server and its clients without Flower (``LocalTransport``) give the simulator's
@@ -133,6 +134,7 @@ def test_flower_runtime_gives_the_simulators_samples(name, tmp_path):
     np.testing.assert_array_equal(res.setup_bits_up, ref.setup_bits_up)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_a_resumed_run_equals_an_uninterrupted_one(name, tmp_path, monkeypatch):
     """Killed after its second chunk's draws but before its checkpoint, the run resumes from the

@@ -103,6 +103,7 @@ def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_p
     np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
 
 
+@pytest.mark.slow
 def test_a_whitened_run_gives_the_simulators_samples_bit_for_bit(tmp_path):
     """QLSD* with step_size = "auto" whitens ([run] whiten = "auto"): the server and its clients
     (``LocalTransport``, each built from the config as the Flower apps build them) make the same
@@ -244,6 +245,7 @@ def test_replayed_and_copied_uploads_are_counted(tmp_path):
     assert server.stats["rejected_uploads"] == 0
 
 
+@pytest.mark.slow
 def test_server_resumes_after_a_restart_with_the_same_samples(tmp_path):
     class Crash(RuntimeError):
         pass

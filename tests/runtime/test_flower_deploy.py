@@ -27,6 +27,8 @@ from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
 
 from fedmcmc.app.flower.launch import LocalDeployment, data_paths, free_port
 
+pytestmark = pytest.mark.slow
+
 
 def _name(cn):
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])

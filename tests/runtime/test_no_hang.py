@@ -17,6 +17,8 @@ import jaxlib
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).parents[1]  # tests/
 GOLDEN = HERE / "golden" / "samples.json"
 STEP_TIMEOUT = 120  # seconds without progress that count as a hang (a step compiles in about 3 s)

@@ -127,6 +127,7 @@ def test_workers_load_the_programs_their_parent_compiled(tmp_path):
     assert found["cached_chunks"] > 0 and found["added"] == [] and found["same"], found
 
 
+@pytest.mark.slow
 def test_a_run_resumes_with_another_number_of_workers(problem, tmp_path, monkeypatch):
     data, model, catalog = problem
     sampler, d = catalog["qlsd++"]

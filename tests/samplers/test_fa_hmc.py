@@ -284,6 +284,7 @@ def law_settings(kw):
 LAW_CHAINS, LAW_ROUNDS = 250, 160
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_transient_law_matches_the_exact_recursion(name):
     """From a fixed start, the law of the averaged theta after rounds 1, 2, 5 and 12."""
@@ -296,6 +297,7 @@ def test_transient_law_matches_the_exact_recursion(name):
         h.assert_close((x - law.mean[r]) ** 2, law.var[r], f"{name} variance, round {r}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_stationary_law_matches_the_exact_recursion(name):
     """Per phase r mod P of the rounds done: where trajectories start in a round repeats every P
@@ -311,6 +313,7 @@ def test_stationary_law_matches_the_exact_recursion(name):
         h.check_gaussian(res.samples[:, phase == i], np.full(DIM, law.mean[i]), law.var[i], f"{name}, phase {i}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clock", ["trajectory", "leapfrog"])
 def test_de_biasing_removes_the_heterogeneity_bias(clock):
     """In every phase of the stationary law (K = 8 > T = 3 on the leapfrog clock: 8 phases)."""
@@ -321,6 +324,7 @@ def test_de_biasing_removes_the_heterogeneity_bias(clock):
     # the exact recursion itself is checked against samples in the tests above
 
 
+@pytest.mark.slow
 def test_de_biasing_is_unstable_with_long_local_trajectories_on_heterogeneous_curvatures():
     """Over T = 400 leapfrog steps a client relaxes to the minimiser of its corrected potential,
     and the average of those overshoots by ``lam sum_c w_c / lam_c`` (2.2 here: client 2 is four
@@ -337,6 +341,7 @@ def test_de_biasing_is_unstable_with_long_local_trajectories_on_heterogeneous_cu
         h.assert_close((x - law.mean[r]) ** 2, law.var[r], f"de-biased, T = 400: variance, round {r}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clock", ["trajectory", "leapfrog"])
 def test_compressed_uploads_and_partial_participation_stay_unbiased(clock):
     """One round from a fixed theta: E[theta_1] is unchanged by unbiased compression and by

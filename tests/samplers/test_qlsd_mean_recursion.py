@@ -89,6 +89,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", ["full-batch", "minibatch"])
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 @pytest.mark.parametrize("variant", list(VARIANTS))
