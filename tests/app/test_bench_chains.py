@@ -1,6 +1,10 @@
 """The chain-scaling benchmark runs (its figures are never asserted)."""
 
+import pytest
+
 from fedmcmc.app.bench import chains
+
+pytestmark = pytest.mark.slow
 
 
 def test_chain_scaling_measures_the_reference():

@@ -62,6 +62,7 @@ TINY = dict(num_seeds=2, num_shards=4, hidden=[4], betas=[0.5], iterations=200, 
             thinning=50, surrogate_steps=20, surrogate_burn_in=10, methods=["SGLD", "FSGLD"])
 
 
+@pytest.mark.slow
 def test_tiny_run_structure(tmp_path):
     assert get("cgdsgld-mlp") is cgdsgld_mlp
     r = run_study(cgdsgld_mlp, tmp_path, quick=True, progress=False, settings=TINY)

@@ -90,6 +90,7 @@ def test_list_names_experiments_and_samplers():
         assert name in proc.stdout
 
 
+@pytest.mark.slow
 def test_run_writes_inference_data_json_and_plots(tmp_path):
     import arviz
 
@@ -253,6 +254,7 @@ def test_unknown_experiment_and_bad_overrides():
     assert_one_line_error(refused("reproduce", "qlsd-toy-gaussian", "--set", "step_size=-1"), "step_size must be > 0")
 
 
+@pytest.mark.slow
 def test_divergence_names_the_step_size_to_lower(tmp_path):
     cfg = write_config(tmp_path / "c.toml", sampler="qlsd#", step=5.0, compression='"none"', participation="1.0")
     proc = fedmcmc("run", cfg, "--out", tmp_path / "o", "--no-progress")

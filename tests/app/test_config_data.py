@@ -57,6 +57,7 @@ def write(folder, frame, data=THREE, model='name = "logistic"', parts=None):
     return path
 
 
+@pytest.mark.slow
 def test_three_csv_files_run_end_to_end(tmp_path, frame):
     path = write(tmp_path, frame)
     out = tmp_path / "out"
@@ -203,6 +204,7 @@ num_iterations = 40
 """
 
 
+@pytest.mark.slow
 def test_cg_dsgld_with_laplace_surrogates_on_a_regression_with_unknown_noise(tmp_path, capsys, monkeypatch):
     """Sites split by the response (about 150, noise 20): each site's Laplace surrogate is found
     from theta = 0, where the local log-density is not concave, and the run finishes; a surrogate

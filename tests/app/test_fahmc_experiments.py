@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from test_cli import ENV, ROOT, assert_one_line_error, fedmcmc, refused
 
@@ -33,6 +34,7 @@ def stand_in_reference(cfg, model, data):
     return ReferenceSamples(draws, 1.0, 600.0, 0, np.ones(2), 0.0, True)
 
 
+@pytest.mark.slow
 def test_fahmc_vs_fald(tmp_path, monkeypatch):
     from fedmcmc.app.studies import fahmc_vs_fald, fahmc_vs_fald_d10
     from fedmcmc.app.studies.runner import run_study
@@ -60,6 +62,7 @@ def test_fahmc_vs_fald(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "me_vs_step_size.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_fahmc_local_steps(tmp_path, monkeypatch):
     from fedmcmc.app.studies import fahmc_local_steps, fahmc_vs_fald
     from fedmcmc.app.studies.runner import run_study
@@ -91,6 +94,7 @@ def test_list_settings_are_checked():
     assert_one_line_error(refused("reproduce", "fahmc-local-steps", "--set", "local_steps=1,2.5"), "integer")
 
 
+@pytest.mark.slow
 def test_fa_hmc_run_config(tmp_path):
     out = tmp_path / "o"
     proc = fedmcmc("run", ROOT / "examples" / "fa_hmc.toml", "--out", out, "--no-progress")

@@ -35,6 +35,7 @@ def test_registered():
     assert get("fahmc-logistic") is E
 
 
+@pytest.mark.slow
 def test_tiny_run_structure_and_budget(tiny):
     out, r = tiny
     assert set(r["runs"]) == {"K=1,T=5", "K=10,T=5"}

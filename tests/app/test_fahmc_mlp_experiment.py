@@ -1,9 +1,13 @@
 """FA-HMC with a two-hidden-layer MLP on Fashion-MNIST (Liang et al. 2024, Section 5.4), tiny settings."""
 
+import pytest
+
 from fedmcmc.app.studies import fahmc_mlp as E
 from fedmcmc.app.studies import get
 from fedmcmc.app.studies.runner import run_study
 from test_fahmc_logistic_experiment import _fashion_or_skip
+
+pytestmark = pytest.mark.slow
 
 
 def test_fahmc_mlp_tiny_run(tmp_path):

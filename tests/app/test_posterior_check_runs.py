@@ -12,6 +12,8 @@ import pytest
 
 from test_cli import fedmcmc
 
+pytestmark = pytest.mark.slow
+
 FA_HMC = 'name = "fa-hmc"\nnum_leapfrog = 10\nclock = "leapfrog"\ndebiased = true\n'
 
 

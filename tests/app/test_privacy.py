@@ -135,6 +135,7 @@ def chains_config(chains: int, accountant: str) -> str:
         "num_chains = 2\nnum_iterations = 60", f"num_chains = {chains}\nnum_iterations = 200")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
 def test_the_recorded_epsilon_composes_every_released_chain(accountant):
     """Each chain is an independent run of the mechanism on the same data and posterior.nc

@@ -21,6 +21,7 @@ def tiny(tmp_path_factory):
     return out, run_study(study, out, quick=True, progress=False, settings=TINY)
 
 
+@pytest.mark.slow
 def test_every_method_reports_finite_calibration_metrics(tiny):
     out, r = tiny
     assert get("qlsd-bnn-heterogeneous") is study

@@ -15,6 +15,7 @@ from fedmcmc.models.gaussian import GaussianPosterior
 from fedmcmc.samplers import qlsd_pp
 
 
+@pytest.mark.slow
 def test_memory_rate_zero_is_no_memory():
     """alpha = 0 is QLSD++ without memory: the same chain as memory=False, bit for bit (were the rate
     ignored, the default 1 / (omega + 1) would run and the chains would differ)."""

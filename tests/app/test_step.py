@@ -34,6 +34,7 @@ num_iterations = 400
 """
 
 
+@pytest.mark.slow
 def test_run_prints_and_records_the_chosen_step(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(CONFIG.format(sampler="qlsd*", extra="compression = { bits = 4 }"))

@@ -88,6 +88,7 @@ def test_flower_summaries_carry_the_target_moments_exactly(tmp_path):
     assert nodes.inputs_from_json(json.dumps(info._asdict())) == info  # the server's `nodes` message
 
 
+@pytest.mark.slow
 def test_a_run_reads_in_the_data_units(tmp_path, capsys):
     """Unknown noise: the table of coef and sigma (printed, summary.csv) and `fedmcmc predict` in
     the score's units. Known noise 6: the posterior of coef is the exact Gaussian, mapped from the

@@ -81,6 +81,7 @@ def _check_roundtrip(norm, levels, s=None):
     return mode
 
 
+@pytest.mark.slow
 def test_codec_roundtrip_quantized_vectors():
     rng = np.random.default_rng(7)
     modes, modes_without_s = set(), set()
@@ -102,6 +103,7 @@ def test_codec_roundtrip_quantized_vectors():
     assert modes_without_s == {0b00, 0b01}  # without s: never fixed-width
 
 
+@pytest.mark.slow
 def test_codec_roundtrip_random_levels_and_batched_bit_count():
     rng = np.random.default_rng(11)
     batches = {}  # d -> (levels, s): d = 50 takes the unrolled gap loop, d = 200 the blocks
@@ -167,6 +169,7 @@ def test_sparse_body_of_long_vectors_across_blocks():
     np.testing.assert_array_equal(sparse, [_reference_bits(x)["sparse"] - HEADER for x in levels])
 
 
+@pytest.mark.slow
 def test_codec_exhaustive_small_vectors_and_ties():
     """Every level vector of length <= 3 for s in 1..4: bit count and mode (including
     every kind of tie) match the reference."""

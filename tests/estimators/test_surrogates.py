@@ -50,6 +50,7 @@ def direct_laplace(x, y, share):
     return theta, hess
 
 
+@pytest.mark.slow
 def test_laplace_finds_each_sites_mode_from_zero_on_a_regression_with_unknown_noise():
     """From theta = 0 (sigma = 1, residuals about 150) the local log-density is not concave: its
     negative Hessian has a negative eigenvalue. The Laplace surrogate still reaches each site's

@@ -53,6 +53,7 @@ def test_rounds_to_reach():
     assert metrics.rounds_to_reach([3.0, 0.2], 0.5, rounds=[10, 20]) == 20
 
 
+@pytest.mark.slow
 def test_nuts_reference_recovers_a_gaussian_posterior(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDMCMC_CACHE", str(tmp_path))
     data = heterogeneous_gaussian(seed=3, num_clients=3, dim=2, min_size=5, max_size=12)
@@ -73,6 +74,7 @@ def test_nuts_reference_recovers_a_gaussian_posterior(tmp_path, monkeypatch):
     assert not other.cached
 
 
+@pytest.mark.slow
 def test_nuts_reference_on_logistic_regression_agrees_with_importance_sampling(tmp_path, monkeypatch):
     """Non-Gaussian target: the NUTS mean agrees with an importance-sampling estimate built on
     independent draws (a different algorithm) within Monte-Carlo error."""

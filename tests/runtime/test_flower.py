@@ -81,6 +81,7 @@ def reference(text, base_dir=None, started=True):
                     thinning=r.get("thinning", 1))
 
 
+@pytest.mark.slow
 def test_flower_simulation_engine_gives_the_simulators_samples_bit_for_bit(tmp_path):
     """The Flower apps on the simulation engine (every sampler over the runtime without Flower:
     tests/core/test_conformance.py)."""
@@ -450,6 +451,7 @@ def write_sites(folder):
         np.savetxt(folder / name, table, delimiter=",", header="f0,f1,f2,f3,f4,label", comments="", fmt="%.10g")
 
 
+@pytest.mark.slow
 def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_identity, monkeypatch):
     """Node-local data (docs/flower.md): three CSV files of different sizes and label balance, each
     read only by its node (node config ``data-path``; the config's file names exist nowhere, and
@@ -570,6 +572,7 @@ def wait_for_key(folder, seconds: float = 60.0) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path, server_identity, monkeypatch,
                                                                          caplog):
     """Three nodes whose node config names one node worker (``worker``, a ``fedmcmc node-worker``

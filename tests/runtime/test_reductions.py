@@ -61,6 +61,7 @@ def test_one_client_qlsd_is_centralised_sgld_bit_for_bit():
     assert central.total_bits_up.sum() == 0 and fed.total_bits_up.min() > 0
 
 
+@pytest.mark.slow
 def test_same_seed_same_samples_different_seed_different_samples():
     sampler = qlsd_sharp(MODEL, GAMMA, [3, 4, 5, 6], quantization(8),
                          participation.bernoulli(0.5, "inverse_probability"))
@@ -175,6 +176,7 @@ def test_bad_settings_are_rejected_with_clear_messages():
         simulate(0, qlsd_sharp(MODEL, GAMMA), DATA, np.zeros(7), 10)
 
 
+@pytest.mark.slow
 def test_sparse_execution_of_few_active_clients_equals_the_dense_path():
     """With ``max_active`` the simulator runs only the active clients: same keys, same samples,
     same client states (checked through stateful samplers) and the same bit counts. XLA may

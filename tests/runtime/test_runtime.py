@@ -66,6 +66,7 @@ print(sorted(bench.measure(sampler, data, 2).items())[:3])
 """
 
 
+@pytest.mark.slow
 def test_chains_spread_over_devices_give_the_samples_of_one_device():
     """The accelerator path (chains over devices with shard_map), run on two XLA CPU devices in a
     subprocess: bit for bit the draws, bit counts, statistics and state of one device, with an
@@ -85,6 +86,7 @@ def problem():
     return data, model, samplers(data, model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qlsd++", "fa-hmc", "cg-dsgld-laplace-full"])
 def test_worker_processes_give_the_samples_of_one_process(problem, name):
     data, model, catalog = problem
@@ -114,6 +116,7 @@ print(json.dumps({"cached_chunks": sum(name.startswith("jit_run_chunk") for name
 """
 
 
+@pytest.mark.slow
 def test_workers_load_the_programs_their_parent_compiled(tmp_path):
     """With a compilation cache folder, worker processes load the simulator's programs that the
     process that started them compiled (init and chunk, for the same blocks of chains): they keep
@@ -150,6 +153,7 @@ def test_a_run_resumes_with_another_number_of_workers(problem, tmp_path, monkeyp
     np.testing.assert_array_equal(resumed.total_bits_up, full.total_bits_up)
 
 
+@pytest.mark.slow
 def test_worker_errors_reach_the_caller(problem):
     data, model, catalog = problem
     sampler, d = catalog["qlsd*"]

@@ -95,6 +95,7 @@ def test_fixed_point_sums_integers_travels_as_its_inner_message_and_refuses_uneq
         config.from_text(text)
 
 
+@pytest.mark.slow
 def test_secure_run_gives_the_plain_runs_samples_with_a_dropout(tmp_path):
     """In process (LocalTransport): client 1 fails in round 2; the survivors reveal their seeds with
     it, and the secure run's samples, its server killed in round 3 and resumed from round 2 (the

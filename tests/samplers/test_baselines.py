@@ -184,6 +184,7 @@ def dg_law(rho, gamma, steps, batch=None, prior_prec=0.0, probs=None, pause=True
     return np.array(means), np.array(variances), radius
 
 
+@pytest.mark.slow
 def test_dg_sgld_one_round_kernels():
     """One client visit: z' = a^T z + S gamma (r theta + N_i xbar_i) + noise of variance
     (2 gamma + gamma^2 s2_i) sum_{s<T} a^{2s}, for each client's own T_i, rho_i, gamma_i and
@@ -226,6 +227,7 @@ def test_dg_sgld_one_round_kernels():
     h.assert_close((pos - mean) ** 2, np.full(D, 1 / q), "server theta variance")
 
 
+@pytest.mark.slow
 def test_dg_sgld_exact_gibbs_matches_its_stationary_law():
     """Per-client tolerances, steps and local step counts, minibatches, Gaussian prior."""
     tau2 = 1.0
@@ -257,6 +259,7 @@ def test_dg_sgld_partial_participation_and_langevin_server_step():
     assert 0.5 < res.active.mean() / DATA.num_clients < 0.7
 
 
+@pytest.mark.slow
 def test_dg_sgld_approaches_the_posterior_as_rho_vanishes():
     """Tolerance: mean within 0.2 posterior sd of the posterior mean and variance within 10% of
     the posterior's (plus 5 s.e.). rho = 2e-4 with small client steps passes; the exact law

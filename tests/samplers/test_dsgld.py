@@ -48,6 +48,7 @@ def full_gradient(model, data, theta):
     return jax.grad(lambda t: model.log_prior(t) + jnp.sum(jax.vmap(model.log_likelihood, (None, 0))(t, x)))(theta)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 def test_conducive_estimator_is_unbiased(alpha):
     """Lemma 1: E_s[v_s + alpha g_s] is the full gradient, here with inexact (diagonal Laplace)
@@ -78,6 +79,7 @@ def test_conducive_estimator_is_unbiased(alpha):
     assert np.max(np.abs(terms[1].offset)) > 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["gaussian-mean", "linear-regression"])
 def test_exact_surrogates_cancel_the_shard_bias(which):
     """With exact (Taylor) surrogates and full shards, v_s + g_s is the full gradient on every shard."""
@@ -142,6 +144,7 @@ def test_cg_dsgld_with_exact_surrogates_samples_the_langevin_law_of_the_posterio
     check_gaussian(res.samples, mean, stationary_var(h, c), "CG-DSGLD, exact surrogates")
 
 
+@pytest.mark.slow
 def test_dsgld_long_visits_sample_the_shard_tempered_mixture():
     """The pathology, exactly: after a long visit to shard s the chain has forgotten where it
     came from and follows N(m_s, V_s), the Langevin law of p(theta) p(x_s | theta)^{1 / f_s}."""

@@ -354,6 +354,7 @@ def test_compressed_uploads_and_partial_participation_stay_unbiased(clock):
     assert np.var(x) > 1.5 * law.var[1]
 
 
+@pytest.mark.slow
 def test_bits_on_the_wire():
     d = DIM
     plain = simulate(0, fa_hmc(MODEL, W, ETA, 2, 1), DATA, jnp.zeros(d), 3)

@@ -104,6 +104,7 @@ def test_memory_updates_agree_under_full_participation():
     np.testing.assert_array_equal(a.samples, b.samples)  # p_i = 1: the same chain
 
 
+@pytest.mark.slow
 def test_memory_updates_differ_under_partial_participation_and_s45_needs_probabilities():
     q = quantization(4)
     part = participation.bernoulli([0.5, 0.6, 0.7, 0.8], "inverse_probability")
