@@ -43,6 +43,7 @@ def test_paper_network_has_three_hidden_layers_18_18_8():
     assert np.bincount(split.y_test).tolist() == [1338, 1338]  # the balanced test shard
 
 
+@pytest.mark.slow
 def test_likelihood_only_surrogates_exclude_the_prior():
     # Gaussian mean, unit noise, prior N(0, 4 I): the Taylor surrogate of shard s is exact, with
     # precision N_s alone for the local likelihood and N_s + f_s / 4 with the prior share f_s

@@ -106,6 +106,7 @@ def test_run_writes_inference_data_json_and_plots(tmp_path):
     assert (tmp_path / "out" / "trace.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_the_draws_stored_are_counted_where_the_draws_are(tmp_path):
     """``[run] max_stored_draws`` thins posterior.nc evenly; the printed line, results.json and
     posterior.nc agree on both counts."""

@@ -111,6 +111,7 @@ def test_exact_surrogates_cancel_the_shard_bias(which):
             assert np.max(np.abs(biased - exact)) > 0.1 * scale  # DSGLD alone is off on each shard
 
 
+@pytest.mark.slow
 def test_dsgld_one_local_step_matches_sgld_in_law():
     """One point per shard, f_s = 1/N, one local step: DSGLD is SGLD with batch size 1. Both
     chains have the same exact stationary law (module docstring, xi = N (x_J - x_bar))."""

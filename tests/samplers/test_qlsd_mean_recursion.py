@@ -99,6 +99,7 @@ def test_mean_follows_the_exact_recursion(variant, scheme, batch, mode):
     check_mean_recursion(sampler, pause, f"{variant}, {scheme}, {batch}")
 
 
+@pytest.mark.slow
 def test_the_reported_qlsd_pp_case_is_unbiased_and_the_test_would_see_the_old_bias():
     """The report: identity compressor, l = 100, p = 0.5 with 1/p_i, 2 rounds. Before the fix a client
     inactive in round 0 used grad U_i(theta_0) = 0 in round 1, so E[drift_1] lacked

@@ -50,6 +50,7 @@ def test_active_scaling_participation_pauses_on_empty_rounds():
     h.check_gaussian(samples, MU, h.active_scaling_variance(GAMMA, DATA, p), "b/|A| participation")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [None, BATCH])
 def test_lsd_star_and_lsd_pp_are_exact_gradient_chains(batch):
     # On this model grad U_ij(theta) - grad U_ij(theta*) = theta - theta*: no minibatch noise.
