@@ -54,6 +54,7 @@ def test_tiny_run_structure_and_budget(tiny):
     assert r["comparison"]["leapfrog"]["nll"]["ranking_final"][0] in r["runs"]
 
 
+@pytest.mark.slow
 def test_longer_trajectories_mix_faster(tiny):
     _, r = tiny
     k1, k10 = r["runs"]["K=1,T=5"], r["runs"]["K=10,T=5"]

@@ -37,6 +37,7 @@ def test_every_method_reports_finite_calibration_metrics(tiny):
         assert (out / name).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_bma_learns_far_above_chance_and_bits_follow_participation(tiny):
     _, r = tiny
     m = r["methods"]
@@ -59,6 +60,7 @@ def test_bma_learns_far_above_chance_and_bits_follow_participation(tiny):
     assert c["within_2_points"] == (c["gap_points"] <= 2)
 
 
+@pytest.mark.slow
 def test_partition_is_the_dominant_label_split(tiny):
     _, r = tiny
     p = r["data"]["partition"]

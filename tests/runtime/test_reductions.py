@@ -85,6 +85,7 @@ def test_step_size_schedules():
     assert not np.array_equal(frozen.samples[0, 8], frozen.samples[0, 9])
 
 
+@pytest.mark.slow
 def test_per_client_compressors():
     """Heterogeneous constraints (QLSD supplement S1): each client quantises with its own s,
     and QLSD++ uses each client's own memory rate 1 / (omega_i + 1)."""

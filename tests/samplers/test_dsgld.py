@@ -130,6 +130,7 @@ def test_dsgld_one_local_step_matches_sgld_in_law():
     check_gaussian(samples, mean, var, "SGLD, batch size 1")
 
 
+@pytest.mark.slow
 def test_cg_dsgld_with_exact_surrogates_samples_the_langevin_law_of_the_posterior():
     """Exact surrogates, full shards: every local step is ULA on the posterior, whatever the
     visit length; the draws within a visit are recorded."""
