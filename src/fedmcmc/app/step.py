@@ -3,11 +3,13 @@
 The federated mode (:func:`fedmcmc.estimators.gradients.find_mode`, reused when the sampler
 already needs it) and the largest eigenvalue of the potential's Hessian there
 (:func:`fedmcmc.estimators.curvature.curvature`, one federated round per Hessian-vector
-product), and for the samplers of :data:`fedmcmc.samplers.steps.SHARES` the clients'
-heterogeneity there (:func:`fedmcmc.estimators.curvature.heterogeneity`, one round), feed the
-sampler's rule (:data:`fedmcmc.samplers.steps.RULES`, documented per sampler in that module). The record says what was chosen and what it cost: the power iterations'
-rounds and bits, plus the mode's when it was found for the step alone (a sampler that needs the
-mode, QLSD*, counts it as ``theta_star`` in ``results.json``).
+product), and for a sampler whose registry entry names its clients' shares
+(:attr:`fedmcmc.samplers.Registered.shares`) the clients' heterogeneity there
+(:func:`fedmcmc.estimators.curvature.heterogeneity`, one round), feed the sampler's rule
+(:attr:`fedmcmc.samplers.Registered.step`, documented per sampler in :mod:`fedmcmc.samplers.steps`).
+The record says what was chosen and what it cost: the power iterations' rounds and bits, plus the
+mode's when it was found for the step alone (a sampler that needs the mode, QLSD*, counts it as
+``theta_star`` in ``results.json``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 from fedmcmc.estimators import curvature as curvature_lib
 from fedmcmc.estimators import gradients
 from fedmcmc.samplers import REGISTRY
-from fedmcmc.samplers.steps import SHARES, Setting, auto_step as rule_step
+from fedmcmc.samplers.steps import Setting, auto_step as rule_step
 
 #: Round budgets and tolerance of the power iterations (lambda_max, then lambda_min).
 MAX_ROUNDS, MAX_ROUNDS_SMALLEST, TOL = 200, 100, 1e-3
@@ -33,7 +35,7 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None) -> tuple
     ``{"value", "rule", "lambda_max", "lambda_min", "converged", "rounds", "bits"}`` (``bits`` up
     and down; ``converged``: whether the power iterations met their tolerance).
     """
-    counts = np.asarray(data.counts, np.int64)
+    counts, shares = np.asarray(data.counts, np.int64), REGISTRY[name].shares
     if REGISTRY[name].pooled:
         counts = counts.sum(keepdims=True)
     rule_step(name, Setting(1.0, None, args, counts, int(model.dim)))  # a refusal before any round
@@ -43,8 +45,8 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None) -> tuple
                                     smallest=True, max_rounds_smallest=MAX_ROUNDS_SMALLEST)
     rounds, bits = found.rounds + own * mode.rounds, found.bits_up + found.bits_down + own * mode.bits
     pull = None
-    if name in SHARES:  # the clients' drift and noise at the mode: one more round
-        pull = curvature_lib.heterogeneity(model, data, mode.theta, args[SHARES[name]])
+    if shares:  # the clients' drift and noise at the mode: one more round
+        pull = curvature_lib.heterogeneity(model, data, mode.theta, args[shares])
         rounds, bits = rounds + pull.rounds, bits + pull.bits_up + pull.bits_down
     value, formula = rule_step(name, Setting(found.lambda_max, found.lambda_min, args, counts, int(model.dim),
                                              *((pull.drift, pull.spread) if pull else ())))

@@ -1,4 +1,6 @@
-"""Step sizes from the curvature at the mode: one rule per registered sampler (``step_size = "auto"``).
+"""Step sizes from the curvature at the mode: the rules of ``step_size = "auto"``.
+
+A registered sampler names its rule in its registry entry (:attr:`fedmcmc.samplers.Registered.step`).
 
 Every rule takes ``lambda_max = L``, the largest eigenvalue of ``nabla^2 U(theta*)``
 (:func:`fedmcmc.estimators.curvature.curvature`; the model's temperature is inside ``U``, so it
@@ -95,7 +97,7 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -107,8 +109,6 @@ STD_INFLATION = 0.02
 E = 1.0 - (1.0 + STD_INFLATION) ** -2
 #: ``D``: the largest offset of the stationary mean a rule allows from the clients' drift, in posterior sds.
 MEAN_OFFSET = 0.05
-#: The samplers whose rules read the clients' heterogeneity, and the shares of their local potentials.
-SHARES = {"fa-hmc": "weights", "fa-ld": "weights", "dsgld": "probs"}
 
 
 class Setting(NamedTuple):
@@ -116,8 +116,8 @@ class Setting(NamedTuple):
 
     ``lambda_min`` is None when not estimated; ``counts`` are the clients' ``N_i`` (one entry for a
     pooled sampler); ``drift`` and ``spread`` are the clients' heterogeneity at the mode
-    (:class:`fedmcmc.estimators.curvature.Heterogeneity`, with the shares of :data:`SHARES`), None
-    when not measured.
+    (:class:`fedmcmc.estimators.curvature.Heterogeneity`, with the shares of the sampler's
+    :attr:`fedmcmc.samplers.Registered.shares`), None when not measured.
     """
 
     lambda_max: float
@@ -256,22 +256,16 @@ def _fedavg(s: Setting) -> tuple[float, str]:
     return float(s.counts.sum()) / s.lambda_max, "N / L (gradient descent's 1/L on U/N)"
 
 
-def _psgld(s: Setting):
-    raise ValueError('psgld has no step_size = "auto": its step is relative to an RMSprop preconditioner that '
-                     "the curvature at the mode does not fix; give step_size (a number)")
-
-
-#: Registered sampler name -> ``rule(Setting) -> (step, formula)`` (see the module docstring).
-RULES: dict[str, Callable[[Setting], tuple]] = {
-    "sgld": _sgld, "psgld": _psgld, "qlsd#": _qlsd_sharp, "qlsd*": _qlsd_cv, "lsd*": _qlsd_cv,
-    "qlsd++": _qlsd_pp, "lsd++": _qlsd_pp, "fa-hmc": _fa_hmc, "fa-ld": _fa_hmc, "dsgld": _dsgld,
-    "cg-dsgld": _dsgld, "dg-sgld": _dg_sgld, "fedavg": _fedavg,
-}
-
-
 def auto_step(name: str, setting: Setting) -> tuple:
-    """The step of registered sampler ``name`` by its rule: ``(step, formula)``."""
+    """The step of registered sampler ``name`` by its rule (:attr:`fedmcmc.samplers.Registered.step`):
+    ``(step, formula)``; a sampler without one is refused in one line."""
+    from fedmcmc.samplers import REGISTRY  # the registry holds the rules of this module
+
+    rule = REGISTRY[name].step
+    if not callable(rule):
+        why = rule or "no step rule is registered for it (fedmcmc.samplers.Registered.step)"
+        raise ValueError(f'{name} has no step_size = "auto": {why}; give step_size (a number)')
     if not (np.isfinite(setting.lambda_max) and setting.lambda_max > 0):
         raise ValueError(f"the curvature at the mode must be positive and finite (got {setting.lambda_max!r}); "
                          "is the posterior proper?")
-    return RULES[name](setting)
+    return rule(setting)
