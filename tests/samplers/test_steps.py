@@ -12,8 +12,9 @@ def _setting(lam=50.0, counts=(40, 60, 100), **args):
     return steps.Setting(lam, None, args, np.asarray(counts), 8)
 
 
-def test_every_registered_sampler_has_a_rule():
-    assert set(steps.RULES) == set(REGISTRY)
+def test_every_registered_sampler_has_a_rule_or_says_why_not():
+    assert all(callable(entry.step) for name, entry in REGISTRY.items() if name != "psgld")
+    assert isinstance(REGISTRY["psgld"].step, str)
 
 
 def test_ula_and_leapfrog_at_the_chosen_steps_inflate_the_stiffest_std_by_the_target():
@@ -84,4 +85,4 @@ def test_the_clients_drift_and_the_shards_noise_shrink_the_step_when_they_bind()
     assert "shard noise" in rule and h / 2 * 10 * 600.0 / 2 == pytest.approx(steps.E)
     cg = dict(probs=np.full(3, 1 / 3), local_steps=10, surrogate="a surrogate")
     assert steps.auto_step("cg-dsgld", whitened(**cg)) == steps.auto_step("cg-dsgld", _setting(lam=1.0, **cg))
-    assert set(steps.SHARES) == {"fa-hmc", "fa-ld", "dsgld"}
+    assert {name for name, entry in REGISTRY.items() if entry.shares} == {"fa-hmc", "fa-ld", "dsgld"}
