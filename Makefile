@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean fashion-mnist
+.PHONY: demo check test bench install clean fashion-mnist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/fedmcmc reproduce qlsd-toy-gaussian --quick --out results/qlsd-toy-gaussian-quick --overwrite
+
+# What a new sampler must pass (docs/contributing.md): the contract over every registered sampler,
+# the registry's paths, the step rules, the privacy mappings and the docstring examples
+check: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/core tests/samplers/test_registration.py \
+	  tests/samplers/test_steps.py tests/privacy/test_accountant.py
 
 test: $(STAMP)
 	-@$(MAKE) --no-print-directory fashion-mnist  # tests that need it say so and skip if this fails
