@@ -384,7 +384,8 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Buil
         from fedmcmc.app import step as auto
 
         param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
-        args[param], step, found = auto.auto_step(cfg["run"].get("seed", 0), name, args, on[0], data, on[1])
+        args[param], step, found = auto.auto_step(cfg["run"].get("seed", 0), name, args, on[0], data, on[1],
+                                                  whitened=moved is not None)
         if paid:
             step = {**step, "rounds": step["rounds"] + mode.rounds, "bits": step["bits"] + mode.bits}
         mode = mode or found
