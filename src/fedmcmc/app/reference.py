@@ -143,8 +143,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "round_timeout": "Seconds a round waits for the clients' replies; a client that misses it is inactive.",
         "max_upload_norm": 'Bound on the norm of each part of an upload; a larger one is rejected. `"auto"`: 100 times '
                            "the lower median of that part's recent norms; a number: a fixed bound.",
-        "exact": "Each client computes as the simulator does, bit for bit (costs the number of clients times a "
-                 "client's compute; false: faster, not bit for bit).",
+        "exact": "Each client runs its step on `b` copies of itself (b clients), so that the draws equal the "
+                 "simulator's bit for bit, at `b` times the compute; false: one copy, equal to float rounding.",
         "poll_interval": "Seconds between the server's checks for replies.",
         "hold": "Queue a `hold` message behind each message, so that a node finds work instead of sleeping "
                 "between rounds (one more ClientApp process per node and round).",
