@@ -219,7 +219,7 @@ def _run() -> list[str]:
 
 def _problem() -> list[str]:
     lines = _table([("`name`", "required", _describe("problem", "name"))])
-    for name, build in problems.PROBLEMS.items():
+    for name in problems.PROBLEMS:
         lines += ["", f'`name = "{name}"`: {problems.summary(name)}', ""]
         lines += _table([(f"`{k}`", _value(v), _describe("problem", k)) for k, v in problems.settings(name).items()])
     return lines
@@ -270,7 +270,8 @@ def _flower() -> list[str]:
 
 
 def _privacy() -> list[str]:
-    return _table([(f"`{k}`", "required" if k == "delta" else "", _describe("privacy", k)) for k in sorted(privacy.KEYS)])
+    return _table([(f"`{k}`", "required" if k == "delta" else "", _describe("privacy", k))
+                   for k in sorted(privacy.KEYS)])
 
 
 def markdown() -> str:
