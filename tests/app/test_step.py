@@ -52,6 +52,24 @@ def test_run_prints_and_records_the_chosen_step(tmp_path):
     assert results["whitening"] == {"used": True, "full": True, "rounds": 1, "bits": 4 * 32 * (3 + 6)}
     assert "whiten: the sampler runs in z" in proc.stdout
     assert results["posterior_mean_error"] < 0.5 and results["laplace"]["rounds"] == 1  # draws back in theta
+    # 2 chains of 400 rounds at a Langevin step gamma ~ 0.07 on a whitened posterior (m = 1): ~1 / gamma
+    # rounds per independent draw, ~2 x 400 / (2 / gamma) effective draws, too few: said, with the fix
+    assert step["rounds_per_draw"] == pytest.approx(1 / (step["lambda_min"] * step["value"]))
+    assert step["expected_ess"] == pytest.approx(2 * 400 / (2 * step["rounds_per_draw"]))
+    assert step["rounds_needed"] == int(np.ceil(400 * 2 * step["rounds_per_draw"] / 2))
+    assert (f"fedmcmc: warning: at this step a chain needs about {step['rounds_per_draw']:.3g} rounds"
+            in proc.stderr and f"set num_iterations >= {step['rounds_needed']}" in proc.stderr)
+
+
+def test_a_long_enough_run_draws_no_budget_warning():
+    from fedmcmc.app import step
+
+    text = CONFIG.format(sampler="qlsd*", extra="compression = { bits = 4 }")
+    built = config.build(tomllib.loads(text.replace("num_iterations = 400", "num_iterations = 20000")))
+    assert built.step["expected_ess"] >= step.MIN_ESS and "rounds_needed" not in built.step
+    assert step.budget_warning(built.step, {"num_chains": 2, "num_iterations": 20000}) is None
+    given = config.build(tomllib.loads(text.replace('"auto"', "0.001")))
+    assert "expected_ess" not in given.step  # a given step is the user's: no estimate
 
 
 @pytest.mark.parametrize("sampler, extra", [("fedavg", "local_steps = 2"),

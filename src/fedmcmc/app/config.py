@@ -388,6 +388,7 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Buil
                                                   whitened=moved is not None)
         if paid:
             step = {**step, "rounds": step["rounds"] + mode.rounds, "bits": step["bits"] + mode.bits}
+        step = {**step, **auto.budget(step, cfg["run"])}
         mode = mode or found
         for key, rule in _AUTO_KEYS.items():
             if section.get(key) == "auto":
@@ -463,6 +464,9 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
         print(whiten.describe(built.whitening[1]))
     if built.step["rule"] != "given":
         print(auto.describe(built.step))
+        short = auto.budget_warning(built.step, cfg["run"])
+        if short:
+            sys.stderr.write(f"fedmcmc: warning: {short}\n")
     r = dict(cfg["run"])
     checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1),
                           r.get("chunk_size"))

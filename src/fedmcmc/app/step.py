@@ -20,7 +20,7 @@ import numpy as np
 from fedmcmc.estimators import curvature as curvature_lib
 from fedmcmc.estimators import approximation, gradients
 from fedmcmc.samplers import REGISTRY
-from fedmcmc.samplers.steps import SHARES, Setting, auto_step as rule_step, noise_weights
+from fedmcmc.samplers.steps import SHARES, Setting, auto_step as rule_step, noise_weights, rounds_per_draw
 
 #: Round budgets and tolerance of the power iterations (lambda_max, then lambda_min).
 MAX_ROUNDS, MAX_ROUNDS_SMALLEST, TOL = 200, 100, 1e-3
@@ -67,11 +67,43 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None, whitened
         rounds, bits = rounds + noise.rounds, bits + noise.bits_up + noise.bits_down
         setting = setting._replace(noise=noise.lambda_max)
     value, formula = rule_step(name, setting)
+    per_draw = rounds_per_draw(name, setting, value)
     record = {"value": np.asarray(value).tolist(), "rule": formula, "lambda_max": found.lambda_max,
               "lambda_min": found.lambda_min, "converged": found.converged and (noise is None or noise.converged),
               "rounds": rounds, "bits": bits, **({"drift": pull.drift, "spread": pull.spread} if pull else {}),
-              **({"minibatch_noise": noise.lambda_max} if noise else {})}
+              **({"minibatch_noise": noise.lambda_max} if noise else {}),
+              **({"rounds_per_draw": per_draw} if per_draw else {})}
     return value, record, mode
+
+
+#: The effective sample size below which a run's automatic step draws a warning (ArviZ's advice for bulk ESS).
+MIN_ESS = 400
+
+
+def budget(record: dict, run: dict) -> dict:
+    """``{"expected_ess": ...}``: about how many effective draws ``run``'s schedule gives at the
+    step of ``record`` (:func:`fedmcmc.samplers.steps.rounds_per_draw`), over all chains, and
+    ``{"rounds_needed": ...}`` for :data:`MIN_ESS` when it gives fewer. Empty without an estimate."""
+    per_draw = record.get("rounds_per_draw")
+    if not per_draw:
+        return {}
+    burn_in, chains = int(run.get("burn_in", 0)), int(run["num_chains"])
+    kept = max(int(run["num_iterations"]) - burn_in, 0)
+    expected = min(chains * kept / (2 * per_draw), chains * kept)
+    out = {"expected_ess": expected}
+    if expected < MIN_ESS:
+        out["rounds_needed"] = int(np.ceil(burn_in + MIN_ESS * 2 * per_draw / chains))
+    return out
+
+
+def budget_warning(record: dict, run: dict) -> str | None:
+    """One line when ``run``'s schedule is too short for the step of ``record`` (:func:`budget`)."""
+    if "rounds_needed" not in record:
+        return None
+    return (f"at this step a chain needs about {record['rounds_per_draw']:.3g} rounds to forget its state "
+            f"(1 / (lambda_min x a round's Langevin time)): num_iterations = {run['num_iterations']} after "
+            f"burn_in = {run.get('burn_in', 0)} gives about {record['expected_ess']:.0f} effective draws over "
+            f"{run['num_chains']} chain(s); for {MIN_ESS}, set num_iterations >= {record['rounds_needed']}")
 
 
 def describe(record: dict) -> str:

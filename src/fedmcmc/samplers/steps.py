@@ -305,6 +305,43 @@ RULES: dict[str, Callable[[Setting], tuple]] = {
 }
 
 
+def _langevin_time(s: Setting, step) -> float:
+    return float(step)
+
+
+def _leapfrog_time(s: Setting, step) -> float:
+    k = int(s.args.get("num_leapfrog", 1))
+    steps = steps_per_round(k, int(s.args["local_steps"]), s.args.get("clock", "leapfrog"))
+    return steps * min(k, steps) * float(step) ** 2 / 2
+
+
+def _visit_time(s: Setting, step) -> float:
+    return int(s.args["local_steps"]) * float(step) / 2
+
+
+#: Registered sampler name -> ``time(Setting, step)``: the Langevin time a round advances the chain
+#: (``gamma`` per ULA step; ``(K eta)^2 / 2`` per trajectory of ``K`` leapfrog steps, whose position
+#: on a Gaussian of precision ``m`` keeps ``cos(K eta sqrt(m))`` of its offset, ``1 - m (K eta)^2 / 2``;
+#: ``h / 2`` per DSGLD step). The samplers without one (DG-SGLD's Gibbs coupling, FedAvg, pSGLD's
+#: preconditioner) have no estimate of their mixing.
+ROUND_TIMES: dict[str, Callable[[Setting, object], float]] = {
+    "sgld": _langevin_time, "qlsd#": _langevin_time, "qlsd*": _langevin_time, "lsd*": _langevin_time,
+    "qlsd++": _langevin_time, "lsd++": _langevin_time, "fa-hmc": _leapfrog_time, "fa-ld": _leapfrog_time,
+    "dsgld": _visit_time, "cg-dsgld": _visit_time,
+}
+
+
+def rounds_per_draw(name: str, setting: Setting, step) -> float | None:
+    """``1 / (m t)``: the rounds a chain of sampler ``name`` at ``step`` takes to forget its state in
+    the posterior's widest direction (``m = lambda_min``, ``t`` the Langevin time of a round,
+    :data:`ROUND_TIMES`): an effective sample size of about ``rounds / (2 / (m t))`` per chain. None
+    when ``m`` or ``t`` is unknown."""
+    time = ROUND_TIMES.get(name)
+    if time is None or setting.lambda_min is None or not setting.lambda_min > 0:
+        return None
+    return float(1.0 / (setting.lambda_min * time(setting, step)))
+
+
 def auto_step(name: str, setting: Setting) -> tuple:
     """The step of registered sampler ``name`` by its rule: ``(step, formula)``."""
     if not (np.isfinite(setting.lambda_max) and setting.lambda_max > 0):
