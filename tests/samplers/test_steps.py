@@ -86,3 +86,59 @@ def test_the_clients_drift_and_the_shards_noise_shrink_the_step_when_they_bind()
     cg = dict(probs=np.full(3, 1 / 3), local_steps=10, surrogate="a surrogate")
     assert steps.auto_step("cg-dsgld", whitened(**cg)) == steps.auto_step("cg-dsgld", _setting(lam=1.0, **cg))
     assert {name for name, entry in REGISTRY.items() if entry.shares} == {"fa-hmc", "fa-ld", "dsgld"}
+
+
+def _lsd_star_stationary_cov(gamma, hessians, groups, batches, prior):
+    """The exact stationary covariance of LSD*'s chain on a Gaussian posterior: ``delta' = delta -
+    gamma G(delta) + sqrt(2 gamma) Z`` with ``G = prior delta + sum_i (N_i / n_i) sum_{j in B_i} H_j
+    delta``, ``B_i`` drawn without replacement: ``Sigma = E[(I - gamma G) Sigma (I - gamma G)'] + 2
+    gamma I``, whose fluctuation term is ``gamma^2 sum_i A_i sum_j D_j Sigma D_j``, ``D_j = H_j -
+    mean_{k in i} H_k``."""
+    d = prior.shape[0]
+    h = prior + sum(hessians)
+    m = np.eye(d) - gamma * h
+    k = np.kron(m, m)
+    for idx, n in zip(groups, batches):
+        big = len(idx)
+        mean = sum(hessians[j] for j in idx) / big
+        k += gamma**2 * big * (big - n) / (n * (big - 1)) * sum(np.kron(hessians[j] - mean, hessians[j] - mean)
+                                                                 for j in idx)
+    return np.linalg.solve(np.eye(d * d) - k, 2 * gamma * np.eye(d).ravel()).reshape(d, d), h
+
+
+def test_measured_minibatch_noise_keeps_lsd_star_within_the_target_and_the_papers_smoothness_does_not():
+    """On a regression with a few high-leverage rows, the per-point smoothness ``M_bar = L / N``
+    under-counts the control variates' minibatch noise: the exact law of LSD*'s chain at the rule's
+    step is wider than the posterior by more than :data:`STD_INFLATION` in some direction, and
+    within it with the noise measured by :func:`fedmcmc.estimators.curvature.minibatch_noise`."""
+    import jax
+
+    from fedmcmc.data import from_clients
+    from fedmcmc.estimators.curvature import curvature, minibatch_noise
+    from fedmcmc.models import linear_regression
+
+    rng = np.random.default_rng(0)
+    clients = []
+    for n in (60, 90):
+        x = rng.standard_normal((n, 3))
+        x[:3] *= 6.0
+        clients.append((x.astype(np.float32), rng.standard_normal(n).astype(np.float32)))
+    data, model = from_clients(clients), linear_regression(3)
+    hessians = [np.outer(r, r) for x, _ in clients for r in np.asarray(x, np.float64)]
+    batches = np.array([6, 9])
+    found = curvature(jax.random.key(0), model, data, np.zeros(3), tol=1e-7, smallest=True, max_rounds=300,
+                      max_rounds_smallest=300)
+    setting = steps.Setting(found.lambda_max, found.lambda_min, {"batch_size": batches}, data.counts, 3)
+    cov = np.linalg.inv(np.eye(3) + sum(hessians))
+    noise = minibatch_noise(jax.random.key(1), model, data, np.zeros(3), steps.noise_weights("lsd*", setting), cov,
+                            max_rounds=300, tol=1e-7)
+
+    def widest(s):  # the largest sd inflation over all directions: sqrt(lambda_max(H Sigma))
+        gamma, _ = steps.auto_step("lsd*", s)
+        cov, h = _lsd_star_stationary_cov(gamma, hessians, (range(60), range(60, 150)), batches, np.eye(3))
+        return float(np.sqrt(np.max(np.linalg.eigvals(h @ cov).real)))
+
+    assert widest(setting._replace(noise=noise.lambda_max)) <= 1 + steps.STD_INFLATION
+    assert widest(setting) > 1 + 2 * steps.STD_INFLATION
+    assert steps.noise_weights("lsd*", setting._replace(args={})) is None  # full batches: nothing to measure
+    assert steps.noise_weights("fa-ld", setting) is None

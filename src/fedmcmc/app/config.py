@@ -389,9 +389,11 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
         from fedmcmc.app import step as auto
 
         param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
-        args[param], step, found = auto.auto_step(cfg["run"].get("seed", 0), name, args, on[0], data, on[1])
+        args[param], step, found = auto.auto_step(cfg["run"].get("seed", 0), name, args, on[0], data, on[1],
+                                                  whitened=moved is not None)
         if paid:
             step = {**step, "rounds": step["rounds"] + mode.rounds, "bits": step["bits"] + mode.bits}
+        step = {**step, **auto.budget(step, cfg["run"])}
         mode = mode or found
         for key, rule in entry.auto_keys.items():
             if section.get(key) == "auto":
@@ -467,6 +469,9 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
         print(whiten.describe(built.whitening[1]))
     if built.step["rule"] != "given":
         print(auto.describe(built.step))
+        short = auto.budget_warning(built.step, cfg["run"])
+        if short:
+            sys.stderr.write(f"fedmcmc: warning: {short}\n")
     r = dict(cfg["run"])
     checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1),
                           r.get("chunk_size"))

@@ -9,8 +9,10 @@ registry:
   must set from the builder's signature, less :attr:`Registered.fixed`, plus
   :attr:`Registered.must_set`; ``fedmcmc list`` prints them;
 * ``step_size = "auto"`` (:func:`fedmcmc.samplers.steps.auto_step`) calls :attr:`Registered.step`,
-  with the clients' heterogeneity when :attr:`Registered.shares` is set, and sets the keys of
-  :attr:`Registered.auto_keys` from the same curvature;
+  with the clients' heterogeneity when :attr:`Registered.shares` is set and the control variates'
+  minibatch noise when :attr:`Registered.control_points` is, sets the keys of
+  :attr:`Registered.auto_keys` from the same curvature, and estimates the rounds per independent
+  draw from :attr:`Registered.round_time`;
 * ``[privacy]`` (:func:`fedmcmc.privacy.mechanisms.mapping`) interprets :attr:`Registered.privacy`;
 * a Flower run on node-local data refuses a pooled sampler and one whose builder takes the
   federated ``mode`` (:func:`fedmcmc.app.flower.nodes.refused`);
@@ -89,6 +91,14 @@ class Registered(NamedTuple):
         The builder argument that holds the shares of the clients' local potentials, for a
         rule that reads the clients' heterogeneity at the mode (one more round,
         :func:`fedmcmc.estimators.curvature.heterogeneity`); None: the rule does not.
+    round_time
+        ``time(steps.Setting, step) -> float``: the Langevin time a round advances the chain, from
+        which ``step_size = "auto"`` estimates the rounds per independent draw
+        (:func:`fedmcmc.samplers.steps.rounds_per_draw`); None: no estimate of its mixing.
+    control_points
+        For control-variate gradients, how many independent stationary draws apart their control
+        points sit at most (1 at the mode; :func:`fedmcmc.samplers.steps.noise_weights`, whose
+        minibatch noise ``step_size = "auto"`` measures); None: no control variates.
     auto_keys
         ``{key: rule(lambda_max) -> value}``: ``[sampler]`` keys besides ``step_size`` that
         ``"auto"`` sets from the same curvature (with ``step_size = "auto"``).
@@ -113,6 +123,8 @@ class Registered(NamedTuple):
     pooled: bool = False
     step: Callable | str | None = None
     shares: str | None = None
+    round_time: Callable | None = None
+    control_points: float | None = None
     auto_keys: dict = {}
     privacy: Accounted | str = NOT_ACCOUNTED
     example: dict = {}
@@ -132,28 +144,33 @@ _BLOBS = {"name": "gaussian-blobs"}
 
 REGISTRY: dict[str, Registered] = {
     "sgld": Registered(sgld, "SGLD on the pooled data (Welling and Teh 2011, baseline)", pooled=True,
-                       step=steps._sgld, privacy=Accounted("sgld"), example={"step_size": 1e-4, "batch_size": 32}),
+                       step=steps._sgld, round_time=steps._langevin_time, privacy=Accounted("sgld"),
+                       example={"step_size": 1e-4, "batch_size": 32}),
     "psgld": Registered(psgld, "preconditioned SGLD on the pooled data (Li et al. 2016, baseline)", pooled=True,
                         step="its step is relative to an RMSprop preconditioner that the curvature at the mode does "
                              "not fix",
                         privacy="its preconditioner is built from past gradients without noise",
                         example={"step_size": 1e-4, "batch_size": 32}, fixed=frozenset({"v0"})),
     "qlsd#": Registered(qlsd_sharp, "QLSD with minibatch gradients (Vono et al. 2022, Alg. 1); alias 'qlsd'",
-                        step=steps._qlsd_sharp, privacy=Accounted("qlsd#"),
+                        step=steps._qlsd_sharp, round_time=steps._langevin_time, privacy=Accounted("qlsd#"),
                         example={"step_size": 1e-4, **_BATCH, **_Q, **_HALF}),
     "qlsd*": Registered(qlsd_star, "QLSD with control variates at the mode (Vono et al. 2022)",
-                        step=steps._qlsd_cv, privacy=_MODE, example={"step_size": 1e-4, **_BATCH, **_Q}),
+                        step=steps._qlsd_cv, round_time=steps._langevin_time, control_points=1.0, privacy=_MODE,
+                        example={"step_size": 1e-4, **_BATCH, **_Q}),
     "lsd*": Registered(lsd_star, "QLSD* without compression (Vono et al. 2022)",
-                       step=steps._qlsd_cv, privacy=_MODE, example={"step_size": 1e-4, **_BATCH}),
+                       step=steps._qlsd_cv, round_time=steps._langevin_time, control_points=1.0, privacy=_MODE,
+                       example={"step_size": 1e-4, **_BATCH}),
     "qlsd++": Registered(qlsd_pp, "QLSD with SVRG control variates and memory terms (Vono et al. 2022, Alg. 2)",
-                         step=steps._qlsd_pp, privacy=Accounted("qlsd++", {"record": "clip"}),
+                         step=steps._qlsd_pp, round_time=steps._langevin_time, control_points=2.0,
+                         privacy=Accounted("qlsd++", {"record": "clip"}),
                          example={"step_size": 1e-4, **_BATCH, **_Q, **_HALF, "refresh_every": 3}),
     "lsd++": Registered(lsd_pp, "QLSD++ without compression (Vono et al. 2022, Alg. S3)",
-                        step=steps._qlsd_pp, privacy=Accounted("qlsd++", {"record": "clip"}),
+                        step=steps._qlsd_pp, round_time=steps._langevin_time, control_points=2.0,
+                        privacy=Accounted("qlsd++", {"record": "clip"}),
                         example={"step_size": 1e-4, **_BATCH, "refresh_every": 3}),
     "fa-hmc": Registered(fa_hmc, "federated averaging of local SG-HMC (Liang et al. 2024, Alg. 3; "
                                  "debiased: Alg. B.2)",
-                         step=steps._fa_hmc, shares="weights",
+                         step=steps._fa_hmc, shares="weights", round_time=steps._leapfrog_time,
                          privacy=_HIDDEN + " (FA-LD with local_steps = 1 is accounted)",
                          example={"step_size": 1e-2, "num_leapfrog": 3, "local_steps": 2, **_BATCH,
                                   "clock": "leapfrog"},
@@ -164,15 +181,17 @@ REGISTRY: dict[str, Registered] = {
                                             'local_steps meant before the clock existed)'}),
     "fa-ld": Registered(fa_ld, "federated averaging Langevin dynamics (Deng et al. 2021): FA-HMC with one "
                                "leapfrog step",
-                        step=steps._fa_hmc, shares="weights", privacy=Accounted("fa-ld"),
+                        step=steps._fa_hmc, shares="weights", round_time=steps._leapfrog_time,
+                        privacy=Accounted("fa-ld"),
                         example={"step_size": 1e-2, "local_steps": 3, **_BATCH}, problem=_LOCAL),
     "dsgld": Registered(dsgld, "distributed SGLD (Ahn et al. 2014): a chain visits one shard at a time",
-                        step=steps._dsgld, shares="probs",
+                        step=steps._dsgld, shares="probs", round_time=steps._visit_time,
                         privacy=Accounted("dsgld", {"client": "record_clip", "record": "record_clip"}),
-                        example=_SHARDS, problem=_BLOBS, fixed=frozenset({"conducive"})),
+                        example=_SHARDS, problem=_BLOBS),
     "cg-dsgld": Registered(cg_dsgld, "DSGLD with conducive gradients from Gaussian shard surrogates "
                                      "(El Mekkaoui et al. 2021); alias 'fsgld'",
-                           step=steps._dsgld, auto_keys={"surrogate_step_size": steps.surrogate_step},
+                           step=steps._dsgld, round_time=steps._visit_time,
+                           auto_keys={"surrogate_step_size": steps.surrogate_step},
                            privacy="the shards' Gaussian surrogates are computed from the data without noise",
                            example=_SHARDS, problem=_BLOBS),
     "dg-sgld": Registered(dg_sgld, "distributed Gibbs SGLD (Plassier et al. 2021, DG-LMC with minibatches)",
