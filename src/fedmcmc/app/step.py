@@ -5,12 +5,13 @@ already needs it) and the largest eigenvalue of the potential's Hessian there
 (:func:`fedmcmc.estimators.curvature.curvature`, one federated round per Hessian-vector
 product), and for a sampler whose registry entry names its clients' shares
 (:attr:`fedmcmc.samplers.Registered.shares`) the clients' heterogeneity there
-(:func:`fedmcmc.estimators.curvature.heterogeneity`, one round), and for QLSD*/QLSD++ with
-minibatches their control variates' minibatch noise (:func:`fedmcmc.estimators.curvature.minibatch_noise`,
-a power iteration), feed the sampler's rule (:attr:`fedmcmc.samplers.Registered.step`, documented
-per sampler in :mod:`fedmcmc.samplers.steps`). The record says what was chosen and what it cost:
-the power iterations' rounds and bits, plus the mode's when it was found for the step alone (a
-sampler that needs the mode, QLSD*, counts it as ``theta_star`` in ``results.json``).
+(:func:`fedmcmc.estimators.curvature.heterogeneity`, one round), and for control variates
+(:attr:`~fedmcmc.samplers.Registered.control_points`: QLSD*, QLSD++) with minibatches their
+minibatch noise (:func:`fedmcmc.estimators.curvature.minibatch_noise`, a power iteration), feed
+the sampler's rule (:attr:`fedmcmc.samplers.Registered.step`, documented per sampler in
+:mod:`fedmcmc.samplers.steps`). The record says what was chosen and what it cost: the power
+iterations' rounds and bits, plus the mode's when it was found for the step alone (a sampler that
+needs the mode, QLSD*, counts it as ``theta_star`` in ``results.json``).
 """
 
 from __future__ import annotations

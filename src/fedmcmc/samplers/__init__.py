@@ -94,7 +94,8 @@ class Registered(NamedTuple):
     round_time
         ``time(steps.Setting, step) -> float``: the Langevin time a round advances the chain, from
         which ``step_size = "auto"`` estimates the rounds per independent draw
-        (:func:`fedmcmc.samplers.steps.rounds_per_draw`); None: no estimate of its mixing.
+        (:func:`fedmcmc.samplers.steps.rounds_per_draw`); None: no estimate of its mixing (DG-SGLD's
+        Gibbs coupling, FedAvg, pSGLD's preconditioner).
     control_points
         For control-variate gradients, how many independent stationary draws apart their control
         points sit at most (1 at the mode; :func:`fedmcmc.samplers.steps.noise_weights`, whose
