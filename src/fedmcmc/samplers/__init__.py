@@ -32,6 +32,9 @@ mapping is declarative, :class:`Accounted` naming one of the Gaussian mechanisms
 :mod:`fedmcmc.privacy.mechanisms` (:data:`~fedmcmc.privacy.mechanisms.MECHANISMS`, a table per
 mechanism, which several samplers share), or a string, the reason it is refused; the example
 run is plain ``[sampler]`` and ``[problem]`` keys, which the app builds as it builds a config.
+Whoever interprets an entry looks it up when called, not when imported (:mod:`fedmcmc.privacy.mechanisms`
+and :mod:`fedmcmc.samplers.steps` import this package inside their functions), so an entry added
+at run time is seen everywhere, and no other module keeps a table per sampler.
 """
 
 from typing import Callable, NamedTuple
