@@ -35,8 +35,8 @@ with probability ``delta / 2``, so the guarantee is the Gaussian of ``z`` over `
 
 **The mappings**, one per mechanism (:data:`MECHANISMS`; a sampler's registry entry,
 :attr:`fedmcmc.samplers.Registered.privacy`, names its own or the reason it is refused; ``C``
-the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`, or on its grid value on a fixed-point grid, :func:`fedmcmc.compression.resolve_clipped`;
-``C_r`` the per-record gradient bound, :func:`fedmcmc.models.clipped_gradients`; client ``i`` with
+the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`, or on its grid
+value on a fixed-point grid, :func:`fedmcmc.compression.resolve_clipped`; ``C_r`` the per-record gradient bound, :func:`fedmcmc.models.clipped_gradients`; client ``i`` with
 ``N_i`` records, minibatches of ``n_i``; ``w_i`` its weight in the server's sum):
 
 * QLSD#: ``theta' = theta - gamma [grad U_0 + sum_{i in A} w_i m_i] + sqrt(2 gamma) Z``.
@@ -82,8 +82,8 @@ the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`, or 
   every record in every round, so the minibatch does not amplify and ``record_clip`` gives no
   bound of its own.
 * Refused, with the reason its registry entry gives: QLSD*/LSD* (the mode and the server's
-  constant are computed from the data without noise), QLSD++/LSD++ with memory (the memory ``eta_i = alpha sum_l Delta_i^l``
-  that the server adds every round carries all of a client's earlier messages, so a round's
+  constant are computed from the data without noise), QLSD++/LSD++ with memory (the memory
+  ``eta_i = alpha sum_l Delta_i^l`` that the server adds every round carries all of a client's earlier messages, so a round's
   contribution ``eta_i + w_i Delta_i`` is not bounded by one message's clip), FA-HMC and FA-LD with ``T > 1`` (hidden
   local steps: the released average is not a Gaussian mechanism), CG-DSGLD (surrogates fitted
   without noise), DG-SGLD, pSGLD, FedAvg (not analysed here, or no noise).
