@@ -36,8 +36,9 @@ with probability ``delta / 2``, so the guarantee is the Gaussian of ``z`` over `
 **The mappings**, one per mechanism (:data:`MECHANISMS`; a sampler's registry entry,
 :attr:`fedmcmc.samplers.Registered.privacy`, names its own or the reason it is refused; ``C``
 the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`, or on its grid
-value on a fixed-point grid, :func:`fedmcmc.compression.resolve_clipped`; ``C_r`` the per-record gradient bound, :func:`fedmcmc.models.clipped_gradients`; client ``i`` with
-``N_i`` records, minibatches of ``n_i``; ``w_i`` its weight in the server's sum):
+value on a fixed-point grid, :func:`fedmcmc.compression.resolve_clipped`; ``C_r`` the per-record
+gradient bound, :func:`fedmcmc.models.clipped_gradients`; client ``i`` with ``N_i`` records,
+minibatches of ``n_i``; ``w_i`` its weight in the server's sum):
 
 * QLSD#: ``theta' = theta - gamma [grad U_0 + sum_{i in A} w_i m_i] + sqrt(2 gamma) Z``.
   Client level (add or remove client ``i``): ``||w_i m_i|| <= w_i C``, so
