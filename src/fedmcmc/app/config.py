@@ -184,6 +184,7 @@ _ARGUMENTS = {
     "probs": _Argument(("shard_probs",), _shard_probs),
     "surrogate": _Argument(("surrogate", "surrogate_covariance", "surrogate_step_size", "surrogate_steps",
                             "surrogate_burn_in"), _surrogate),
+    "anchor": _Argument((), lambda s, run: None),  # the mode, set by build_run when the run has it
 }
 #: Builder arguments under another key: FedAvg's learning rate is the step size.
 _RENAMED = {"learning_rate": "step_size"}
@@ -352,7 +353,8 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
     already found, else found here when the sampler or the run needs it). When the run whitens
     (:mod:`fedmcmc.app.whiten`), in this order: the mode (the sampler's, else found once here),
     the Laplace approximation there (kept for :func:`with_start`), the whitened model, the
-    automatic step on it, and the sampler on it (QLSD*'s mode mapped to ``z``, no second search)."""
+    automatic step on it, and the sampler on it (QLSD*'s mode mapped to ``z``, no second search).
+    A run that has the mode gives it to CG-DSGLD as the ``anchor`` of its surrogates."""
     from fedmcmc.app import posterior, whiten
     from fedmcmc.models import whitened, whitening
 
@@ -385,6 +387,7 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
             moved = (w, whiten.record(w, run_data.num_clients, None if posterior.wanted(cfg) else laplace))
             on = (whitened(model, w.centre, w.factor), None if mode is None else whiten.mode_in_z(model, mode, w))
             args.update({"model": on[0], **({"mode": on[1]} if "mode" in args else {})})
+    found = None
     if auto_step:
         from fedmcmc.app import step as auto
 
@@ -401,6 +404,9 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
                 step, resolved = {**step, key: value}, {**section, key: value}
                 args.update({param: value if param == key else _ARGUMENTS[param].make(resolved, run) for param in params
                              if param == key or (param in _ARGUMENTS and key in _ARGUMENTS[param].keys)})
+    known = on[1] if on[1] is not None else found  # the mode in the sampler's coordinates, if the run has it
+    if "anchor" in args and known is not None:
+        args["anchor"] = np.asarray(known.theta, np.float32)
     args, privacy_record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError)
     sampler = entry.build(**args)
     return Built(data.pooled() if entry.pooled else data, model, exact, sampler, mode, tests, info, step,
