@@ -350,7 +350,7 @@ def build(cfg: dict, base_dir: str | Path | None = None) -> Built:
 def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=None) -> Built:
     """The :class:`Built` run of ``cfg`` on ``data`` and ``model``: the registered builder called
     with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS` (``mode``: the federated mode if
-    already found, else found here when the sampler or the run needs it). When the run whitens
+    already found, given to a sampler that takes it instead of a search here). When the run whitens
     (:mod:`fedmcmc.app.whiten`), in this order: the mode (the sampler's, else found once here),
     the Laplace approximation there (kept for :func:`with_start`), the whitened model, the
     automatic step on it, and the sampler on it (QLSD*'s mode mapped to ``z``, no second search).
