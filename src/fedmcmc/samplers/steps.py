@@ -260,7 +260,7 @@ def _dsgld(s: Setting) -> tuple[float, str]:
     h, rule = 4.0 * E / (s.lambda_max * scale * visit), "4E / (L max_s(w_s/f_s + kappa_s) V)"
     sds = _in_sds(s)
     if s.spread is None or s.args.get("surrogate") is not None or not sds:
-        return h, rule  # CG-DSGLD (not in SHARES): its conducive gradients cancel the shards' pull at the mode
+        return h, rule  # CG-DSGLD (no shares): its conducive gradients cancel the shards' pull at the mode
     noise = 4.0 * E / (visit * s.spread * sds**2)
     drift = 4.0 * MEAN_OFFSET / ((visit - 1) * sds * s.drift) if visit > 1 and s.drift else np.inf
     if min(noise, drift) < h:
