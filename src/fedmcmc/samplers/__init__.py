@@ -97,8 +97,8 @@ class Registered(NamedTuple):
     round_time
         ``time(steps.Setting, step) -> float``: the Langevin time a round advances the chain, from
         which ``step_size = "auto"`` estimates the rounds per independent draw
-        (:func:`fedmcmc.samplers.steps.rounds_per_draw`); None: no estimate of its mixing (DG-SGLD's
-        Gibbs coupling, FedAvg, pSGLD's preconditioner).
+        (:func:`fedmcmc.samplers.steps.rounds_per_draw`); None: no estimate of its mixing (FedAvg,
+        pSGLD's preconditioner).
     control_points
         For control-variate gradients, how many independent stationary draws apart their control
         points sit at most (1 at the mode; :func:`fedmcmc.samplers.steps.noise_weights`, whose
@@ -199,7 +199,8 @@ REGISTRY: dict[str, Registered] = {
                            privacy="the shards' Gaussian surrogates are computed from the data without noise",
                            example=_SHARDS, problem=_BLOBS),
     "dg-sgld": Registered(dg_sgld, "distributed Gibbs SGLD (Plassier et al. 2021, DG-LMC with minibatches)",
-                          step=steps._dg_sgld, auto_keys={"rho": steps.tolerance}, privacy=_HIDDEN,
+                          step=steps._dg_sgld, round_time=steps._gibbs_time, auto_keys={"rho": steps.tolerance},
+                          privacy=_HIDDEN,
                           example={"rho": 0.5, "step_size": 1e-4, **_BATCH}),
     "fedavg": Registered(fedavg, "FedAvg (McMahan et al. 2017), an optimiser baseline", step=steps._fedavg,
                          privacy="FedAvg adds no noise",

@@ -310,6 +310,24 @@ def _visit_time(s: Setting, step) -> float:
     return int(s.args["local_steps"]) * float(step) / 2
 
 
+def _gibbs_time(s: Setting, step) -> float:
+    """DG-SGLD: ``sum_i (c_i / rho_i) / (sum_i 1 / rho_i)^2``. On a Gaussian with client precisions
+    ``a_i`` (``sum_i a_i = m``), an exact sweep draws ``z_i ~ N(theta / (1 + rho_i a_i), .)`` and
+    ``theta`` from their ``1 / rho_i``-weighted mean, so ``theta`` keeps ``1 - m / sum_i(1 / rho_i)``
+    of its offset (to first order in ``rho a``). ``T_i`` Langevin steps of ``gamma_i`` move ``z_i``
+    only ``c_i = 1 - (1 - gamma_i / rho_i)^T_i`` of the way to its new centre, the rest in later
+    rounds: ``theta`` is then an ARMA(1, 1) whose pole keeps ``1 - c m / sum_i(1 / rho_i)`` and whose
+    integrated autocorrelation time is about ``2 / (c m / sum_i(1 / rho_i))`` (first order in
+    ``m / sum_i(1 / rho_i)``), which each client's ``c_i`` weights."""
+    rho = s.args["rho"]
+    rho = np.broadcast_to(np.asarray(tolerance(s.lambda_max) if isinstance(rho, str) else rho, np.float64),
+                          s.counts.shape)
+    gamma = np.broadcast_to(np.asarray(step, np.float64), s.counts.shape)
+    local = np.broadcast_to(np.asarray(s.args.get("num_local_steps", 1), np.float64), s.counts.shape)
+    moved = 1.0 - (1.0 - np.minimum(gamma / rho, 1.0)) ** local
+    return float(np.sum(moved / rho) / np.sum(1.0 / rho) ** 2)
+
+
 def rounds_per_draw(name: str, setting: Setting, step) -> float | None:
     """``1 / (m t)``: the rounds a chain of sampler ``name`` at ``step`` takes to forget its state in
     the posterior's widest direction (``m = lambda_min``, ``t`` the Langevin time of a round,
