@@ -53,6 +53,24 @@ def test_run_prints_and_records_the_chosen_step(tmp_path):
     assert results["whitening"] == {"used": True, "full": True, "rounds": 1, "bits": 4 * 32 * (3 + 6)}
     assert "whiten: the sampler runs in z" in proc.stdout
     assert results["posterior_mean_error"] < 0.5 and results["laplace"]["rounds"] == 1  # draws back in theta
+    # 2 chains of 400 rounds at a Langevin step gamma ~ 0.07 on a whitened posterior (m = 1): ~1 / gamma
+    # rounds per independent draw, ~2 x 400 / (2 / gamma) effective draws, too few: said, with the fix
+    assert step["rounds_per_draw"] == pytest.approx(1 / (step["lambda_min"] * step["value"]))
+    assert step["expected_ess"] == pytest.approx(2 * 400 / (2 * step["rounds_per_draw"]))
+    assert step["rounds_needed"] == int(np.ceil(400 * 2 * step["rounds_per_draw"] / 2))
+    assert (f"fedmcmc: warning: at this step a chain needs about {step['rounds_per_draw']:.3g} rounds"
+            in proc.stderr and f"set num_iterations >= {step['rounds_needed']}" in proc.stderr)
+
+
+def test_a_long_enough_run_draws_no_budget_warning():
+    from fedmcmc.app import step
+
+    text = CONFIG.format(sampler="qlsd*", extra="compression = { bits = 4 }")
+    built = config.build(tomllib.loads(text.replace("num_iterations = 400", "num_iterations = 20000")))
+    assert built.step["expected_ess"] >= step.MIN_ESS and "rounds_needed" not in built.step
+    assert step.budget_warning(built.step, {"num_chains": 2, "num_iterations": 20000}) is None
+    given = config.build(tomllib.loads(text.replace('"auto"', "0.001")))
+    assert "expected_ess" not in given.step  # a given step is the user's: no estimate
 
 
 @pytest.mark.parametrize("sampler, extra", [("fedavg", "local_steps = 2"),
@@ -122,6 +140,9 @@ def test_auto_steps_give_the_nuts_widest_and_narrowest_sds_on_breast_cancer(tmp_
     every marginal, from 2.5 times longer runs); the rules are made for the widest and the
     narrowest. CG-DSGLD runs 2 local steps per visit (its rule makes a round's progress
     independent of the visit's length) and FA-HMC K = 10 leapfrog steps with T = 2 per round.
+    QLSD++ draws half of each client's points: its rule counts the minibatch noise of the control
+    variates, whose covariance on this data is 44 times lambda_min at half batches (410 at a tenth,
+    a step 4 times smaller than half batches' 7e-4), so it runs 40,000 rounds for the same ESS.
     """
     from fedmcmc.compression import quantization
     from fedmcmc.evaluation import diagnostics, reference
@@ -138,7 +159,7 @@ def test_auto_steps_give_the_nuts_widest_and_narrowest_sds_on_breast_cancer(tmp_
     ends = [int(np.argmax(ref_sd)), int(np.argmin(ref_sd))]
     mode = gradients.find_mode(model, data)
     settings = {
-        "qlsd++": (dict(batch_size=np.maximum(np.asarray(data.counts) // 10, 1), compressor=quantization(256)), 25_000),
+        "qlsd++": (dict(batch_size=np.asarray(data.counts) // 2, compressor=quantization(256)), 40_000),
         "fa-hmc": (dict(weights=data.weights, num_leapfrog=10, local_steps=2), 8_000),
         "cg-dsgld": (dict(probs=data.weights, local_steps=2, surrogate=surrogates.taylor("full")), 25_000),
     }

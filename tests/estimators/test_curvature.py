@@ -103,3 +103,21 @@ def test_the_drift_offset_of_the_step_rules_is_the_averaged_mean_maps_fixed_poin
     lhs = sum(wc * (np.eye(2) - mc_) for wc, mc_ in zip(w, maps))
     fixed = np.linalg.solve(lhs, sum(wc * (np.eye(2) - mc_) @ mc for wc, mc_, mc in zip(w, maps, m)))
     np.testing.assert_allclose(fixed - star, ratio * np.linalg.solve(big_a, b), rtol=0.05)
+
+
+def test_minibatch_noise_is_the_weighted_sum_of_the_points_squared_curvatures():
+    from fedmcmc.estimators.curvature import minibatch_noise
+
+    rng = np.random.default_rng(5)
+    clients = []
+    for n in (40, 25, 300):  # the last client's rows span more than one chunk of per-point products
+        x = rng.standard_normal((n, 3)) * rng.gamma(1.0, size=(n, 1))  # a few high-leverage rows
+        clients.append((x.astype(np.float32), rng.standard_normal(n).astype(np.float32)))
+    data, model = from_clients(clients), linear_regression(3, noise_scale=0.5)
+    weights = np.array([2.0, 0.0, 0.5])
+    exact = sum(w * sum(np.outer(r, r) * (r @ r) for r in np.asarray(c[0], np.float64)) / 0.25**2
+                for w, c in zip(weights, clients))
+    got = minibatch_noise(jax.random.key(0), model, data, np.zeros(3), weights, max_rounds=300, tol=1e-7)
+    assert got.converged
+    assert got.lambda_max == pytest.approx(np.linalg.eigvalsh(exact)[-1], rel=1e-3)
+    assert got.bits_up == got.bits_down == got.rounds * 3 * 32 * 3

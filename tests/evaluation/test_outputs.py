@@ -288,3 +288,16 @@ def test_a_standardised_regression_target_is_read_in_its_own_units(tmp_path):
     assert got["rmse"] == pytest.approx(s * ref["rmse"], rel=1e-4)
     assert got["nll"] == pytest.approx(ref["nll"] + np.log(s), rel=1e-4)
     assert got["coverage"] == ref["coverage"] and got["num_points"] == len(y_all)
+
+
+def test_the_posterior_table_leaves_out_a_parameter_it_cannot_summarise_and_only_that_one():
+    import arviz as az
+
+    from fedmcmc.app.outputs import posterior_table
+
+    coef = np.random.default_rng(0).normal(size=(2, 100, 3)) * [1.0, 1.0, 300.0]  # a feature with a tiny unit
+    with np.errstate(over="ignore"):
+        odds = np.exp(coef)
+    table = posterior_table(az.from_dict(posterior={"coef": coef, "odds_ratio": odds}), ["coef", "odds_ratio"])
+    assert list(table.index) == ["coef[0]", "coef[1]", "coef[2]", "odds_ratio[0]", "odds_ratio[1]"]
+    assert np.isfinite(table.to_numpy()).all()

@@ -10,7 +10,7 @@ from scipy import optimize, stats
 
 from fedmcmc.privacy import GaussianRounds, Setting, account, epsilon, smallest_noise
 from fedmcmc.privacy.accountant import _accountant
-from fedmcmc.privacy.mechanisms import MAPPINGS
+from fedmcmc.privacy.mechanisms import MECHANISMS
 
 DELTA = 1e-5
 
@@ -128,7 +128,8 @@ def test_refusals_name_the_reason():
     assert "no client to protect" in account("sgld", SETTING, DELTA)["client"]["refused"]
     assert "local_steps = 1" in account("fa-ld", SETTING._replace(extra={"local_steps": 5}), DELTA)["client"]["refused"]
     from fedmcmc.samplers import REGISTRY
-    assert set(MAPPINGS) == set(REGISTRY)  # every registered sampler is accounted or refused
+    for entry in REGISTRY.values():  # every registered sampler is accounted or refused
+        assert isinstance(entry.privacy, str) or entry.privacy.mechanism in MECHANISMS
 
 
 def test_fa_ld_counts_only_the_other_clients_noise():

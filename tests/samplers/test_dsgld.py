@@ -264,3 +264,42 @@ def test_bad_settings_are_rejected():
         dsgld(model, [0.5, 0.5], -1.0, 10)
     with pytest.raises(ValueError, match="per-client"):
         simulate(0, dsgld(model, [0.5, 0.5], 1e-4, 2), blobs(), np.zeros(2), 2)
+
+
+def test_taylor_surrogates_at_the_anchor_make_every_shards_potential_the_posteriors_and_at_a_start_concave():
+    """A shard's local potential in CG-DSGLD, ``-log p - (1 / f_s) log p(x_s | theta) - log q + (1 / f_s)
+    log q_s``, has the Hessian ``H_0 + H_s / f_s + L - L_s / f_s`` at the mode. Taylor surrogates fitted
+    at the mode (the anchor) make it the posterior's ``H`` on every shard; fitted at a start two
+    posterior sds away, the conducive term repels (a negative eigenvalue) and stiffens another shard."""
+    import jax
+    import jax.numpy as jnp
+
+    from catalog import breast_cancer
+    from fedmcmc.estimators import surrogates
+    from fedmcmc.estimators.approximation import laplace_approximation
+    from fedmcmc.estimators.conducive import conducive
+    from fedmcmc.estimators.gradients import find_mode
+
+    data, model = breast_cancer(num_clients=3)
+    mode = find_mode(model, data)
+    approx = laplace_approximation(model, data, mode)
+    f = np.asarray(data.weights)
+    start = jnp.asarray(mode.theta + 2 * approx.sd * np.sign(np.random.default_rng(0).standard_normal(model.dim)),
+                        jnp.float32)
+    prior = -np.asarray(jax.hessian(model.log_prior)(mode.theta), np.float64)
+    shards = [-np.asarray(jax.hessian(surrogates.local_log_density(model, data.client(s), 0.0))(mode.theta),
+                          np.float64) for s in range(data.num_clients)]
+
+    def local_hessians(cg):
+        precisions = []
+        for s in range(data.num_clients):
+            state = cg.init(jax.random.key(0), model, data.client(s), start, jnp.float32(f[s]))
+            state, _, _ = cg.upload(jax.random.key(0), model, state, data.client(s), start)
+            precisions.append(np.asarray(state.surrogate.precision, np.float64))
+        return [prior + h / f_s + sum(precisions) - p / f_s for h, f_s, p in zip(shards, f, precisions)]
+
+    exact = np.linalg.inv(approx.cov)
+    for a in local_hessians(conducive(anchor=mode.theta)):
+        np.testing.assert_allclose(a, exact, rtol=1e-3, atol=1e-3 * np.abs(exact).max())
+    loose = [np.linalg.eigvalsh(a) for a in local_hessians(conducive())]
+    assert min(e[0] for e in loose) < -1.0 and max(e[-1] for e in loose) > 1.5 * np.linalg.eigvalsh(exact)[-1]

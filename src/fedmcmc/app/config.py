@@ -34,7 +34,9 @@ Both sections are registries. A ``[problem]`` may set its builder's keyword argu
 except the arguments of :data:`_ARGUMENTS`, which the run supplies (``model``, ``weights``,
 the mode of QLSD*) or makes from other keys (``compression`` is the ``compressor``,
 ``participation`` the scheme, ``batch_fraction`` a ``batch_size``, ``shard_probs`` the
-``probs``, ``surrogate`` and ``surrogate_*`` the CG-DSGLD surrogate).
+``probs``, ``surrogate`` and ``surrogate_*`` the CG-DSGLD surrogate), and those its registry
+entry fixes (:attr:`fedmcmc.samplers.Registered.fixed`); it must also set the keys of
+:attr:`~fedmcmc.samplers.Registered.must_set`, which name why.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from fedmcmc.app import inputs, privacy, problems
 from fedmcmc.app.inputs import model_from_config
 from fedmcmc.compression import resolve_compressor
 from fedmcmc.runtime.flower import settings
-from fedmcmc.samplers import ALIASES, REGISTRY, steps
+from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices", "init",
@@ -112,10 +114,11 @@ class Built(NamedTuple):
 
 
 class _Run(NamedTuple):
-    """What the sampler arguments are made from: the problem and the sampler's name."""
+    """What the sampler arguments are made from: the problem, the sampler's name and the mode if known."""
     name: str
     data: Any
     model: Any
+    mode: Any = None
 
 
 class _Argument(NamedTuple):
@@ -163,7 +166,7 @@ def _surrogate(s: dict, run: _Run):
         raise ConfigError('surrogate = "sgld" needs surrogate_step_size, the local Langevin step (a number, or "auto" '
                           'with step_size = "auto")')
     if s.get("surrogate_step_size") == "auto":
-        return None  # set with the step, from the same curvature (build_run, _AUTO_KEYS)
+        return None  # set with the step, from the same curvature (build_run, Registered.auto_keys)
     return _SURROGATES[kind](s, s.get("surrogate_covariance", "full"))
 
 
@@ -172,7 +175,7 @@ _ARGUMENTS = {
     "model": _Argument((), lambda s, run: run.model),
     "weights": _Argument((), lambda s, run: run.data.weights),
     "num_clients": _Argument((), lambda s, run: run.data.num_clients),
-    "mode": _Argument((), lambda s, run: gradients.find_mode(run.model, run.data)),
+    "mode": _Argument((), lambda s, run: gradients.find_mode(run.model, run.data) if run.mode is None else run.mode),
     "name": _Argument((), lambda s, run: run.name),
     "batch_size": _Argument(("batch_size", "batch_fraction"), _batch_size),
     "compressor": _Argument(("compression",), lambda s, run: resolve_compressor(s.get("compression"),
@@ -181,26 +184,16 @@ _ARGUMENTS = {
     "probs": _Argument(("shard_probs",), _shard_probs),
     "surrogate": _Argument(("surrogate", "surrogate_covariance", "surrogate_step_size", "surrogate_steps",
                             "surrogate_burn_in"), _surrogate),
+    "anchor": _Argument((), lambda s, run: None),  # the mode, set by build_run when the run has it
 }
-#: ``[sampler]`` keys besides ``step_size`` that ``"auto"`` sets from the same curvature at the mode
-#: (with ``step_size = "auto"``): DG-SGLD's tolerance and CG-DSGLD's local Langevin step of its
-#: SGLD surrogates (:mod:`fedmcmc.samplers.steps`).
-_AUTO_KEYS = {"rho": steps.tolerance, "surrogate_step_size": steps.surrogate_step}
 #: Builder arguments under another key: FedAvg's learning rate is the step size.
 _RENAMED = {"learning_rate": "step_size"}
-#: Builder arguments a config leaves at their defaults: an initial array, and CG-DSGLD's
-#: settings under the name "dsgld" (with a surrogate it is "cg-dsgld").
-_FIXED = {"psgld": {"v0"}, "dsgld": {"surrogate", "alpha", "likelihood_only"}}
-#: Keys a config must set although the builder has a default, and why.
-_MUST_SET = {"fa-hmc": {"clock": 'clock is what local_steps counts: "leapfrog" (T leapfrog steps per round, as '
-                                 'the paper runs it) or "trajectory" (T trajectories of num_leapfrog steps per '
-                                 'round, Algorithm 3 as printed, and what local_steps meant before the clock '
-                                 'existed)'}}
 
 
 def _parameters(name: str) -> dict[str, inspect.Parameter]:
-    """The builder's parameters that a config sets, under their builder names."""
-    fixed = _FIXED.get(name, set())
+    """The builder's parameters that a config sets, under their builder names (all but the
+    registry entry's :attr:`~fedmcmc.samplers.Registered.fixed`)."""
+    fixed = REGISTRY[name].fixed
     return {p: v for p, v in inspect.signature(REGISTRY[name].build).parameters.items() if p not in fixed}
 
 
@@ -213,7 +206,19 @@ def sampler_keys(name: str) -> dict[str, bool]:
             keys.update(dict.fromkeys(_ARGUMENTS[param].keys, False))
         else:
             keys[_RENAMED.get(param, param)] = p.default is inspect.Parameter.empty
-    return {**keys, **dict.fromkeys(_MUST_SET.get(name, ()), True)}
+    return {**keys, **dict.fromkeys(REGISTRY[name].must_set, True)}
+
+
+def example(name: str, **keys) -> dict:
+    """The run config of registered sampler ``name``'s example run (validated): its registry
+    entry's :attr:`~fedmcmc.samplers.Registered.example` as ``[sampler]`` with ``keys`` added, on
+    its :attr:`~fedmcmc.samplers.Registered.problem`, one chain of one round. What the tests'
+    catalogue and the chain-scaling bench build (:func:`build`, or :func:`build_run` on other data)."""
+    entry = REGISTRY[name]
+    cfg = {"problem": dict(entry.problem), "sampler": {"name": name, **entry.example, **keys},
+           "run": {"num_chains": 1, "num_iterations": 1}}
+    validate(cfg)
+    return cfg
 
 
 def sampler_name(cfg: dict) -> str:
@@ -294,12 +299,12 @@ def _validate_sampler(cfg: dict) -> None:
                           f"{name} takes {sorted(keys)}")
     missing = sorted(key for key, required in keys.items() if required and key not in section)
     if missing:
-        why = [_MUST_SET.get(name, {}).get(key) for key in missing]
+        why = [REGISTRY[name].must_set.get(key) for key in missing]
         raise ConfigError(f"[sampler] {name} needs {', '.join(missing)}"
                           + "".join(f"; {text}" for text in why if text))
     if isinstance(section.get("step_size"), str) and section["step_size"] != "auto":
         raise ConfigError(f'[sampler] step_size must be a positive number or "auto" (got {section["step_size"]!r})')
-    for key in _AUTO_KEYS:
+    for key in REGISTRY[name].auto_keys:
         if isinstance(section.get(key), str) and (section[key] != "auto" or section.get("step_size") != "auto"):
             raise ConfigError(f'[sampler] {key} must be a positive number, or "auto" with step_size = "auto" (got '
                               f'{section[key]!r})')
@@ -342,19 +347,21 @@ def build(cfg: dict, base_dir: str | Path | None = None) -> Built:
     return build_run(cfg, data, model, exact, tests, info)
 
 
-def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Built:
+def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=None) -> Built:
     """The :class:`Built` run of ``cfg`` on ``data`` and ``model``: the registered builder called
-    with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS`. When the run whitens
+    with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS` (``mode``: the federated mode if
+    already found, given to a sampler that takes it instead of a search here). When the run whitens
     (:mod:`fedmcmc.app.whiten`), in this order: the mode (the sampler's, else found once here),
     the Laplace approximation there (kept for :func:`with_start`), the whitened model, the
-    automatic step on it, and the sampler on it (QLSD*'s mode mapped to ``z``, no second search)."""
+    automatic step on it, and the sampler on it (QLSD*'s mode mapped to ``z``, no second search).
+    A run that has the mode gives it to CG-DSGLD as the ``anchor`` of its surrogates."""
     from fedmcmc.app import posterior, whiten
     from fedmcmc.models import whitened, whitening
 
     name, section = sampler_name(cfg), cfg["sampler"]
     entry = REGISTRY[name]
     use, why = whiten.setting(cfg)
-    run = _Run(name, data, model)
+    run = _Run(name, data, model, mode)
     params = _parameters(name)
     # what the section gives first, so that a bad value fails before the run's own work (the mode)
     made = sorted((param for param in params if param in _ARGUMENTS), key=lambda param: not _ARGUMENTS[param].keys)
@@ -380,20 +387,26 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None) -> Buil
             moved = (w, whiten.record(w, run_data.num_clients, None if posterior.wanted(cfg) else laplace))
             on = (whitened(model, w.centre, w.factor), None if mode is None else whiten.mode_in_z(model, mode, w))
             args.update({"model": on[0], **({"mode": on[1]} if "mode" in args else {})})
+    found = None
     if auto_step:
         from fedmcmc.app import step as auto
 
         param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
-        args[param], step, found = auto.auto_step(cfg["run"].get("seed", 0), name, args, on[0], data, on[1])
+        args[param], step, found = auto.auto_step(cfg["run"].get("seed", 0), name, args, on[0], data, on[1],
+                                                  whitened=moved is not None)
         if paid:
             step = {**step, "rounds": step["rounds"] + mode.rounds, "bits": step["bits"] + mode.bits}
+        step = {**step, **auto.budget(step, cfg["run"])}
         mode = mode or found
-        for key, rule in _AUTO_KEYS.items():
+        for key, rule in entry.auto_keys.items():
             if section.get(key) == "auto":
                 value = rule(step["lambda_max"])
                 step, resolved = {**step, key: value}, {**section, key: value}
                 args.update({param: value if param == key else _ARGUMENTS[param].make(resolved, run) for param in params
                              if param == key or (param in _ARGUMENTS and key in _ARGUMENTS[param].keys)})
+    known = on[1] if on[1] is not None else found  # the mode in the sampler's coordinates, if the run has it
+    if "anchor" in args and known is not None:
+        args["anchor"] = np.asarray(known.theta, np.float32)
     args, privacy_record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError)
     sampler = entry.build(**args)
     return Built(data.pooled() if entry.pooled else data, model, exact, sampler, mode, tests, info, step,
@@ -462,6 +475,9 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
         print(whiten.describe(built.whitening[1]))
     if built.step["rule"] != "given":
         print(auto.describe(built.step))
+        short = auto.budget_warning(built.step, cfg["run"])
+        if short:
+            sys.stderr.write(f"fedmcmc: warning: {short}\n")
     r = dict(cfg["run"])
     checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1),
                           r.get("chunk_size"))

@@ -69,7 +69,7 @@ SIMULATOR = dict(title="", step_size='"auto"                                    
 #: without whitening (the nodes' data are not whitened either), and the chains start at zero
 #: (the simulator's default start, near the mode, needs it too).
 FLOWER = dict(title=": its first rounds over Flower\n#   fedmcmc flower deploy hospitals-flower.toml",
-              step_size="0.001898                                  # \"auto\" with [run] whiten = false",
+              step_size="0.000517                                  # \"auto\" with [run] whiten = false",
               run="num_chains = 2\nnum_iterations = 4\nchunk_size = 2                                        "
                   "# the server writes draws (and can resume) every 2 rounds\n"
                   'init = "zeros"                                        # no mode over Flower yet: start at zero'

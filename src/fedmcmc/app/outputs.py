@@ -99,7 +99,8 @@ def original_scale(draws: np.ndarray, model: str, scaling: local.Scaling | None 
     if unknown_noise:
         out["sigma"] = s_y * np.exp(draws[..., -1])
     if model == "logistic":
-        out["odds_ratio"] = np.exp(slopes)
+        with np.errstate(over="ignore"):  # inf beyond e^709: per unit of a feature whose unit is tiny
+            out["odds_ratio"] = np.exp(slopes)
     return out
 
 
@@ -121,12 +122,22 @@ def original_variables(section: Mapping, inputs) -> Callable[[np.ndarray], dict]
     return variables
 
 
+#: The largest magnitude of a draw a posterior table summarises (its square is finite in float64).
+TABLE_MAX = 1e150
+
+
 def posterior_table(idata, var_names: Sequence[str] | None = None, hdi_prob: float = 0.94):
     """ArviZ's ``az.summary`` of ``var_names`` (all posterior variables if None): one row per
-    parameter, the columns :data:`TABLE_COLUMNS` (a pandas DataFrame)."""
+    parameter, the columns :data:`TABLE_COLUMNS` (a pandas DataFrame). A parameter with a draw
+    whose square is not finite in float64 (``|x| >`` :data:`TABLE_MAX`: an odds ratio per unit
+    of a feature with a tiny unit) has no row; its ``coef`` has."""
     az = io._arviz()
-    table = az.summary(idata, var_names=None if var_names is None else list(var_names), hdi_prob=hdi_prob,
-                       round_to="none")
+    post = idata.posterior if var_names is None else idata.posterior[list(var_names)]
+    for name, v in post.data_vars.items():
+        finite = (np.abs(v.values) <= TABLE_MAX).all(axis=(0, 1))
+        if v.ndim == 3 and not finite.all():
+            post = post.isel({v.dims[2]: np.flatnonzero(finite)})
+    table = az.summary(post, hdi_prob=hdi_prob, round_to="none")
     return table[list(TABLE_COLUMNS)]
 
 

@@ -151,17 +151,17 @@ def _largest(ok, low: float, high: float, integer: bool = False, rtol: float = 1
 
 
 def _meets(name: str, s, p: dict):
-    from fedmcmc.privacy.mechanisms import MAPPINGS, level_epsilon
+    from fedmcmc.privacy.mechanisms import level_epsilon, mapping
 
     def ok(setting) -> bool:
-        bounds = MAPPINGS[name](setting)[p["level"]]
+        bounds = mapping(name)(setting)[p["level"]]
         return level_epsilon(bounds, p["delta"], p["accountant"]) <= p["epsilon"]
     return ok
 
 
 def _budget(name: str, s, p: dict, error):
     """The setting that meets the budget: the level's bound chosen if it is not set, else checked."""
-    from fedmcmc.privacy.mechanisms import MAPPINGS, account, knob as knob_of
+    from fedmcmc.privacy.mechanisms import account, knob as knob_of, mapping
     level = p["level"]
     knob, ok = knob_of(name, level), _meets(name, s, p)
     if getattr(s, knob) is None:
@@ -170,7 +170,7 @@ def _budget(name: str, s, p: dict, error):
                 return s
         except ValueError:
             pass
-        probe = MAPPINGS[name](s._replace(**{knob: 1.0}))[level]
+        probe = mapping(name)(s._replace(**{knob: 1.0}))[level]
         if isinstance(probe[0], str):
             raise error(f"[privacy] epsilon for {name} at level {level!r}: {probe[0]}")
         bound = _largest(lambda c: ok(s._replace(**{knob: c})), 1e-6, 1e6)
@@ -201,11 +201,9 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
     (None without ``[privacy]``); ``error`` is raised with one line naming the problem and the fix."""
     if "privacy" not in cfg:
         return args, None
-    from fedmcmc.privacy import MAPPINGS, account
+    from fedmcmc.privacy import account
     from fedmcmc.privacy.mechanisms import against_clients
     p = _checked(cfg["privacy"], error)
-    if name not in MAPPINGS:
-        raise error(f"[privacy] has no mapping for sampler {name}")
     s = _setting(name, args, data, pooled, cfg["run"]["num_iterations"], cfg["run"]["num_chains"], p)
     if p["epsilon"] is not None:
         s = _budget(name, s, p, error)

@@ -3,11 +3,15 @@
 The federated mode (:func:`fedmcmc.estimators.gradients.find_mode`, reused when the sampler
 already needs it) and the largest eigenvalue of the potential's Hessian there
 (:func:`fedmcmc.estimators.curvature.curvature`, one federated round per Hessian-vector
-product), and for the samplers of :data:`fedmcmc.samplers.steps.SHARES` the clients'
-heterogeneity there (:func:`fedmcmc.estimators.curvature.heterogeneity`, one round), feed the
-sampler's rule (:data:`fedmcmc.samplers.steps.RULES`, documented per sampler in that module). The record says what was chosen and what it cost: the power iterations'
-rounds and bits, plus the mode's when it was found for the step alone (a sampler that needs the
-mode, QLSD*, counts it as ``theta_star`` in ``results.json``).
+product), and for a sampler whose registry entry names its clients' shares
+(:attr:`fedmcmc.samplers.Registered.shares`) the clients' heterogeneity there
+(:func:`fedmcmc.estimators.curvature.heterogeneity`, one round), and for control variates
+(:attr:`~fedmcmc.samplers.Registered.control_points`: QLSD*, QLSD++) with minibatches their
+minibatch noise (:func:`fedmcmc.estimators.curvature.minibatch_noise`, a power iteration), feed
+the sampler's rule (:attr:`fedmcmc.samplers.Registered.step`, documented per sampler in
+:mod:`fedmcmc.samplers.steps`). The record says what was chosen and what it cost: the power
+iterations' rounds and bits, plus the mode's when it was found for the step alone (a sampler that
+needs the mode, QLSD*, counts it as ``theta_star`` in ``results.json``).
 """
 
 from __future__ import annotations
@@ -16,24 +20,29 @@ import jax
 import numpy as np
 
 from fedmcmc.estimators import curvature as curvature_lib
-from fedmcmc.estimators import gradients
+from fedmcmc.estimators import approximation, gradients
 from fedmcmc.samplers import REGISTRY
-from fedmcmc.samplers.steps import SHARES, Setting, auto_step as rule_step
+from fedmcmc.samplers.steps import Setting, auto_step as rule_step, noise_weights, rounds_per_draw
 
 #: Round budgets and tolerance of the power iterations (lambda_max, then lambda_min).
 MAX_ROUNDS, MAX_ROUNDS_SMALLEST, TOL = 200, 100, 1e-3
 
 
-def auto_step(seed: int, name: str, args: dict, model, data, mode=None) -> tuple[object, dict, object]:
+def auto_step(seed: int, name: str, args: dict, model, data, mode=None, whitened: bool = False
+              ) -> tuple[object, dict, object]:
     """The step of registered sampler ``name`` with builder arguments ``args`` on ``data``.
 
     ``seed`` keys the power iterations' start vectors; ``mode`` is the sampler's own mode, if it
-    has one (else the mode is found here and its cost added to the step's). Returns
+    has one (else the mode is found here and its cost added to the step's); ``whitened``: the
+    model runs in the Laplace approximation's coordinates (``H = I`` at the mode). QLSD*'s and
+    QLSD++'s minibatch noise is measured when whitened or up to
+    :data:`fedmcmc.estimators.approximation.FULL_DIM` parameters (with ``H^{-1}`` from the Laplace
+    approximation, one more round), else bounded by the paper's ``M_bar = L / N``. Returns
     ``(value, record, mode)``: the step (a float, or one per client for DG-SGLD) and
     ``{"value", "rule", "lambda_max", "lambda_min", "converged", "rounds", "bits"}`` (``bits`` up
     and down; ``converged``: whether the power iterations met their tolerance).
     """
-    counts = np.asarray(data.counts, np.int64)
+    counts, shares = np.asarray(data.counts, np.int64), REGISTRY[name].shares
     if REGISTRY[name].pooled:
         counts = counts.sum(keepdims=True)
     rule_step(name, Setting(1.0, None, args, counts, int(model.dim)))  # a refusal before any round
@@ -43,15 +52,60 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None) -> tuple
                                     smallest=True, max_rounds_smallest=MAX_ROUNDS_SMALLEST)
     rounds, bits = found.rounds + own * mode.rounds, found.bits_up + found.bits_down + own * mode.bits
     pull = None
-    if name in SHARES:  # the clients' drift and noise at the mode: one more round
-        pull = curvature_lib.heterogeneity(model, data, mode.theta, args[SHARES[name]])
+    if shares:  # the clients' drift and noise at the mode: one more round
+        pull = curvature_lib.heterogeneity(model, data, mode.theta, args[shares])
         rounds, bits = rounds + pull.rounds, bits + pull.bits_up + pull.bits_down
-    value, formula = rule_step(name, Setting(found.lambda_max, found.lambda_min, args, counts, int(model.dim),
-                                             *((pull.drift, pull.spread) if pull else ())))
+    setting = Setting(found.lambda_max, found.lambda_min, args, counts, int(model.dim),
+                      *((pull.drift, pull.spread) if pull else (None, None)))
+    weights, noise = noise_weights(name, setting), None
+    if weights is not None and (whitened or model.dim <= approximation.FULL_DIM):
+        cov = None
+        if not whitened:  # H^{-1} for the noise's covariance: the Laplace approximation's round and broadcast
+            laplace = approximation.laplace_approximation(model, data, mode)
+            cov, rounds = laplace.cov, rounds + laplace.rounds
+            bits += laplace.bits + data.num_clients * 32 * int(model.dim) * (int(model.dim) + 1) // 2
+        noise = curvature_lib.minibatch_noise(jax.random.fold_in(jax.random.key(seed), 2), model, data, mode.theta,
+                                              weights, cov, max_rounds=MAX_ROUNDS_SMALLEST, tol=TOL)
+        rounds, bits = rounds + noise.rounds, bits + noise.bits_up + noise.bits_down
+        setting = setting._replace(noise=noise.lambda_max)
+    value, formula = rule_step(name, setting)
+    per_draw = rounds_per_draw(name, setting, value)
     record = {"value": np.asarray(value).tolist(), "rule": formula, "lambda_max": found.lambda_max,
-              "lambda_min": found.lambda_min, "converged": found.converged, "rounds": rounds, "bits": bits,
-              **({"drift": pull.drift, "spread": pull.spread} if pull else {})}
+              "lambda_min": found.lambda_min, "converged": found.converged and (noise is None or noise.converged),
+              "rounds": rounds, "bits": bits, **({"drift": pull.drift, "spread": pull.spread} if pull else {}),
+              **({"minibatch_noise": noise.lambda_max} if noise else {}),
+              **({"rounds_per_draw": per_draw} if per_draw else {})}
     return value, record, mode
+
+
+#: The effective sample size below which a run's automatic step draws a warning (ArviZ's advice for bulk ESS).
+MIN_ESS = 400
+
+
+def budget(record: dict, run: dict) -> dict:
+    """``{"expected_ess": ...}``: about how many effective draws ``run``'s schedule gives at the
+    step of ``record`` (:func:`fedmcmc.samplers.steps.rounds_per_draw`), over all chains, and
+    ``{"rounds_needed": ...}`` for :data:`MIN_ESS` when it gives fewer. Empty without an estimate."""
+    per_draw = record.get("rounds_per_draw")
+    if not per_draw:
+        return {}
+    burn_in, chains = int(run.get("burn_in", 0)), int(run["num_chains"])
+    kept = max(int(run["num_iterations"]) - burn_in, 0)
+    expected = min(chains * kept / (2 * per_draw), chains * kept)
+    out = {"expected_ess": expected}
+    if expected < MIN_ESS:
+        out["rounds_needed"] = int(np.ceil(burn_in + MIN_ESS * 2 * per_draw / chains))
+    return out
+
+
+def budget_warning(record: dict, run: dict) -> str | None:
+    """One line when ``run``'s schedule is too short for the step of ``record`` (:func:`budget`)."""
+    if "rounds_needed" not in record:
+        return None
+    return (f"at this step a chain needs about {record['rounds_per_draw']:.3g} rounds to forget its state "
+            f"(1 / (lambda_min x a round's Langevin time)): num_iterations = {run['num_iterations']} after "
+            f"burn_in = {run.get('burn_in', 0)} gives about {record['expected_ess']:.0f} effective draws over "
+            f"{run['num_chains']} chain(s); for {MIN_ESS}, set num_iterations >= {record['rounds_needed']}")
 
 
 def describe(record: dict) -> str:

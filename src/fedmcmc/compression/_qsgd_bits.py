@@ -94,7 +94,7 @@ def _blocked_body_bits(mag: Array) -> tuple[Array, Array]:
     path exactly (tests/compression/). The levels are read once and the int16 codes twice;
     before, each of the three sums over ``d`` stored its int32 operand at full size first (XLA's
     CPU tree reduction), the nonzero mask was transposed as int8, and the walk evaluated every
-    gap's code: 12.4 ms against 6.6 for ``[20, 79510]`` levels of 8-bit QSGD (issue 17).
+    gap's code: 12.4 ms against 6.6 for ``[20, 79510]`` levels of 8-bit QSGD.
     """
     d, batch, width = mag.shape[-1], mag.shape[:-1], _GAP_BLOCK
     nb = -(-d // width)

@@ -256,6 +256,55 @@ class FederatedSampler(NamedTuple):
     draws_per_round
         ``m``: the number of draws a round yields. If ``m > 1``, ``server_state.draws`` is
         ``[m, d]``, the round's draws in order, and the runtime records them all.
+
+    Examples
+    --------
+    A complete sampler, federated Langevin dynamics with exact local gradients: each client
+    uploads ``grad U_i(theta)``, the gradient of its potential, and the server steps
+
+        theta' = theta - gamma [grad U_0(theta) + sum_i w_i grad U_i(theta)] + sqrt(2 gamma) Z,
+
+    with ``U_0 = -log prior`` and ``w_i`` the participation weights (the Langevin algorithm on
+    the posterior, Roberts and Tweedie 1996). Its states are NamedTuples and every function
+    takes its key first:
+
+    >>> from typing import NamedTuple
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> import fedmcmc
+    >>> from fedmcmc.core.base import FederatedSampler
+    >>> from fedmcmc.estimators.gradients import local_gradient
+    >>> from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo, float_bits
+    >>> from fedmcmc.samplers.participation import full
+    >>> class LangevinState(NamedTuple):
+    ...     position: jax.Array
+    >>> def langevin(model, step_size):
+    ...     participation = full()
+    ...     def init(key, theta0):
+    ...         theta0 = jnp.asarray(theta0, jnp.float32)
+    ...         return LangevinState(theta0), Broadcast(theta0)
+    ...     def client_init(key, broadcast, client_data):
+    ...         return ()  # nothing kept between rounds
+    ...     def client_step(key, client_state, broadcast, client_data, k):
+    ...         grad = local_gradient(model, broadcast.position, client_data)
+    ...         return client_state, grad, ClientInfo(bits=float_bits(grad))
+    ...     def server_step(key, server_state, uploads, mask, k):
+    ...         theta = server_state.position
+    ...         drift = participation.weights(mask) @ uploads - jax.grad(model.log_prior)(theta)
+    ...         theta = theta - step_size * drift + jnp.sqrt(2 * step_size) * jax.random.normal(key, theta.shape)
+    ...         info = ServerInfo(step_size=jnp.float32(step_size), broadcast_bits=float_bits(theta))
+    ...         return LangevinState(theta), Broadcast(theta), info
+    ...     return FederatedSampler(init, client_init, client_step, server_step, participation, "langevin")
+
+    Three clients estimate a Gaussian mean (whose posterior is known exactly); the draws'
+    mean is within a fifth of a posterior standard deviation of the exact one:
+
+    >>> from fedmcmc.app.problems import heterogeneous_gaussian
+    >>> data, model, exact = heterogeneous_gaussian(num_clients=3, dim=2)
+    >>> res = fedmcmc.simulate(0, langevin(model, 1e-3), data, np.zeros(2), 2000, num_chains=2, burn_in=200)
+    >>> res.samples.shape
+    (2, 1800, 2)
+    >>> bool(np.all(np.abs(res.samples.mean(axis=(0, 1)) - exact.mean) < 0.2 * np.sqrt(exact.var)))
+    True
     """
 
     init: Callable[..., tuple]

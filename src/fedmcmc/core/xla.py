@@ -15,7 +15,7 @@ no device count. What fedmcmc needs for speed it asks for per program, in :func:
 3. **Eigen's dot and convolution kernels on the calling thread** (``xla_cpu_multi_thread_eigen``
    false, this program only). Split over XLA's intra-op threads they add in another order, so
    a program gave other last bits in a process with two threads than in a worker process with
-   one (AMD EPYC, 2026-11-27: a QLSD++ block of 2 chains on breast cancer, 1.5e-8 apart). The
+   one (a QLSD++ block of 2 chains on breast cancer, 1.5e-8 apart, on an AVX2 CPU). The
    worker processes, one per core, ran so already; the user's process now does too.
 
 All three change how XLA fuses or adds, hence possibly the last bit of a float, so every program

@@ -70,11 +70,15 @@ class Conducive(NamedTuple):
         The scale of the conducive gradient, ``> 0`` (float32).
     likelihood_only
         Fit ``q_s`` to ``p(x_s | theta)`` (share 0) instead of ``p(theta)^{f_s} p(x_s | theta)``.
+    anchor
+        Where every chain's shards fit their surrogates (the federated mode: a Taylor surrogate
+        is then exact there, and all chains share one ``q``), or None: at each chain's start.
     """
 
     fit: Callable
     alpha: Any
     likelihood_only: bool
+    anchor: Any = None
 
     def init(self, key, model, client_data, theta0, f_s) -> ConduciveState:
         """The shard's state before the setup exchange: zeros of the surrogate's shapes."""
@@ -83,9 +87,10 @@ class Conducive(NamedTuple):
         return ConduciveState(f_s, zeros, ConduciveTerm(zeros.precision, zeros.shift))
 
     def upload(self, key, model, state: ConduciveState, client_data, theta0):
-        """The shard fits ``q_s`` at ``theta0``: returns ``(state, message, bits)``."""
+        """The shard fits ``q_s`` at the anchor, else at ``theta0``: returns ``(state, message, bits)``."""
         share = jnp.zeros_like(state.share) if self.likelihood_only else state.share
-        q_s = self.fit(key, model, client_data, theta0, share)
+        at = theta0 if self.anchor is None else jnp.asarray(self.anchor, jnp.float32)
+        q_s = self.fit(key, model, client_data, at, share)
         return state._replace(surrogate=q_s), surrogates_lib.pack(q_s), _bits(q_s)
 
     @staticmethod
@@ -114,11 +119,13 @@ class Conducive(NamedTuple):
         return conducive_gradient(estimate, state.term, self.alpha)
 
 
-def conducive(fit=None, alpha: float = 1.0, likelihood_only: bool = False) -> Conducive:
+def conducive(fit=None, alpha: float = 1.0, likelihood_only: bool = False, anchor=None) -> Conducive:
     """Conducive gradients from the surrogate fitter ``fit`` (``surrogates.taylor()``, exact for
-    conjugate Gaussian models, if None), scaled by ``alpha``."""
+    conjugate Gaussian models, if None), scaled by ``alpha``, fitted at ``anchor`` (each chain's
+    start if None)."""
     alpha = checks.positive("alpha", alpha, "; it scales the conducive gradient")
-    return Conducive(surrogates_lib.taylor() if fit is None else fit, np.float32(alpha), bool(likelihood_only))
+    anchor = None if anchor is None else np.asarray(anchor, np.float32)
+    return Conducive(surrogates_lib.taylor() if fit is None else fit, np.float32(alpha), bool(likelihood_only), anchor)
 
 
 def _bits(q: surrogates_lib.GaussianSurrogate):

@@ -188,3 +188,68 @@ def heterogeneity(model: Model, data: FederatedData, theta, shares) -> Heterogen
     small = scaled @ scaled.T if scaled.shape[0] <= scaled.shape[1] else scaled.T @ scaled
     bits = data.num_clients * 32 * int(model.dim)
     return Heterogeneity(drift, float(np.linalg.eigvalsh(small)[-1]), 1, 2 * bits, bits)
+
+
+class MinibatchNoise(NamedTuple):
+    """The largest eigenvalue of the points' squared curvatures, weighted by client, and its cost.
+
+    Attributes
+    ----------
+    lambda_max
+        ``lambda_max(sum_c c_c sum_{j in c} H_j^2)``, ``H_j = -nabla^2 log p(x_j | theta)``.
+    converged
+        Whether the power iteration met its tolerance within its rounds.
+    rounds, bits_up, bits_down
+        One round per product: every client receives ``v`` and returns its ``32 d`` bits.
+    """
+
+    lambda_max: float
+    converged: bool
+    rounds: int
+    bits_up: int
+    bits_down: int
+
+
+#: Rows per chunk of the per-point Hessian-vector products of :func:`minibatch_noise`.
+CHUNK = 256
+
+
+def minibatch_noise(key, model: Model, data: FederatedData, theta, weights, covariance=None, max_rounds: int = 100,
+                    tol: float = 1e-3) -> MinibatchNoise:
+    """``lambda_max(sum_c c_c sum_{j in c} H_j S H_j)`` at ``theta`` by federated power iteration,
+    ``S`` the ``covariance`` (``H^{-1}``, broadcast once) or the identity if None.
+
+    A minibatch of ``n_c`` of client ``c``'s ``N_c`` points, drawn without replacement, estimates
+    ``sum_j a_j`` by ``(N_c / n_c) sum_{j in B} a_j`` with covariance ``A_c sum_j (a_j - abar)
+    (a_j - abar)'``, ``A_c = N_c (N_c - n_c) / (n_c (N_c - 1))``. For the control-variate
+    gradients of QLSD* and QLSD++, ``a_j = grad U_j(theta) - grad U_j(theta') ~ H_j delta``; with
+    ``delta ~ N(0, H^{-1})`` at stationarity their noise covariance is at most ``sum_c A_c sum_j
+    H_j H^{-1} H_j`` (:mod:`fedmcmc.samplers.steps` reads it with the weights ``c_c``): ``S =
+    H^{-1}``, or the identity where the model is whitened (``H = I``).
+
+    In a round the server broadcasts ``v``; client ``c`` returns ``c_c sum_j H_j S (H_j v)`` from
+    two Hessian-vector products per point (``jax.jvp`` of ``jax.grad`` of one point's negative
+    log-likelihood), :data:`CHUNK` rows at a time; the server sums. The covariance's broadcast
+    (``32 d (d + 1) / 2`` bits to each client) is not counted here.
+    """
+    rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
+    theta = jnp.asarray(theta, jnp.float32)
+    owner = jnp.asarray(rows.row_client)
+    row_w = jnp.where(owner >= 0, jnp.asarray(np.asarray(weights, np.float32))[jnp.maximum(owner, 0)], 0.0)
+    cov = None if covariance is None else jnp.asarray(covariance, jnp.float32)
+
+    def point_hvp(x, v):
+        return jax.jvp(jax.grad(lambda t: -model.log_likelihood(t, x)), (theta,), (v,))[1]
+
+    @jax.jit
+    def matvec(v):
+        def one(args):
+            x, w = args
+            hv = point_hvp(x, v)
+            return jnp.where(w > 0, w * point_hvp(x, hv if cov is None else cov @ hv), 0.0)
+
+        return jnp.sum(jax.lax.map(one, (rows.x, row_w), batch_size=CHUNK), axis=0)
+
+    top, rounds, converged = power_iteration(key, matvec, int(model.dim), int(max_rounds), tol)
+    bits = rounds * data.num_clients * 32 * int(model.dim)
+    return MinibatchNoise(top, converged, rounds, bits, bits)

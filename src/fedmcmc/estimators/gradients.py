@@ -8,15 +8,9 @@ Minibatches are drawn without replacement, ``n_i = min(batch_size_i, N_i)`` of t
 ``N_i`` points, with fixed shapes so that clients and chains vectorise. By Floyd's algorithm
 (``n_i`` uniforms rather than ``N_i`` sort keys) unless ``k^2 > TOP_K_RATIO n_max`` for a
 batch of ``k`` rows out of ``n_max``; then by the ``k`` largest of ``n_max`` uniform keys
-(``lax.top_k``). Floyd's collision work grows as ``k^2``, top-k's as ``n_max``; measured on CPU
-(30 draws at once), Floyd is 2-4 times cheaper up to ``k^2 / n_max`` = 27 (194 of 2,042 points:
-2.5 times), the two are even at 60, and top-k is 3.7 times cheaper at 167 (1,000 of 6,000).
-Measured again on 2026-11-27 after Floyd's iterations for ``k > 24`` became ``O(k)`` (AMD EPYC,
-one thread, 30 draws at once; top-k's time over Floyd's): 2.61 for 100 of 2,042 points
-(``k^2 / n_max`` = 4.9), 1.58 for 200 (19.6), 0.80 for 350 (60) and 0.55 for 500 (122); but 0.16
-for 600 of 6,000 (60) and 0.10 for 1,000 of 6,000 (167). Floyd's one ``[k, k]`` comparison grows
-with ``k`` itself, so ``k^2 / n_max`` alone is not the break-even for large sets; the rule is left
-as it is, since another rule would draw other subsets for the same keys.
+(``lax.top_k``). Floyd's collision work grows as ``k^2``, top-k's as ``n_max``; docs/benchmarks.md,
+"Minibatch draws", has the measured break-even. The rule stays as it is, since another rule
+would draw other subsets for the same keys.
 
 Clients of other batch sizes draw in buckets of similar sizes when they run together
 (:func:`on_minibatch`): a client draws its bucket's width of rows, not the largest client's.

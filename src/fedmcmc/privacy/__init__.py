@@ -4,7 +4,8 @@
   Gaussian mechanisms) and :func:`epsilon` / :func:`smallest_noise`, with ``dp-accounting``'s
   RDP or PLD accountant.
 * :mod:`fedmcmc.privacy.mechanisms` -- the mapping from a sampler's settings to its rounds'
-  mechanisms, one function per registered sampler (:data:`MAPPINGS`), with the derivations;
+  mechanisms, one function per mechanism (:data:`~fedmcmc.privacy.mechanisms.MECHANISMS`, with the
+  derivations), which a sampler's registry entry names (:func:`~fedmcmc.privacy.mechanisms.mapping`);
   :func:`account` gives client- and record-level (epsilon, delta), or the reason why not;
   :func:`~fedmcmc.privacy.mechanisms.against_clients` the client level against a client that sees participation.
 
@@ -14,6 +15,7 @@ The clipping that bounds the sensitivities lives where it acts:
 """
 
 from fedmcmc.privacy.accountant import ACCOUNTANTS, GaussianRounds, epsilon, smallest_noise
-from fedmcmc.privacy.mechanisms import LEVELS, MAPPINGS, Setting, account
+from fedmcmc.privacy.mechanisms import LEVELS, MECHANISMS, Setting, account, mapping
 
-__all__ = ["ACCOUNTANTS", "GaussianRounds", "epsilon", "smallest_noise", "LEVELS", "MAPPINGS", "Setting", "account"]
+__all__ = ["ACCOUNTANTS", "GaussianRounds", "epsilon", "smallest_noise", "LEVELS", "MECHANISMS", "Setting", "account",
+           "mapping"]

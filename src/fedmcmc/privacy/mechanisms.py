@@ -33,10 +33,12 @@ number is ``Binomial(rounds x chains, p)``, at most ``K``, its ``1 - delta / 2``
 with probability ``delta / 2``, so the guarantee is the Gaussian of ``z`` over ``K`` rounds at
 ``delta / 2``, which makes ``(epsilon, delta)`` (:func:`against_clients`).
 
-**The mappings** (``C`` the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`,
-or on its grid value on a fixed-point grid, :func:`fedmcmc.compression.resolve_clipped`;
-``C_r`` the per-record gradient bound, :func:`fedmcmc.models.clipped_gradients`; client ``i`` with
-``N_i`` records, minibatches of ``n_i``; ``w_i`` its weight in the server's sum):
+**The mappings**, one per mechanism (:data:`MECHANISMS`; a sampler's registry entry,
+:attr:`fedmcmc.samplers.Registered.privacy`, names its own or the reason it is refused; ``C``
+the bound on a client's decoded upload, :func:`fedmcmc.compression.clipped`, or on its grid
+value on a fixed-point grid, :func:`fedmcmc.compression.resolve_clipped`; ``C_r`` the per-record
+gradient bound, :func:`fedmcmc.models.clipped_gradients`; client ``i`` with ``N_i`` records,
+minibatches of ``n_i``; ``w_i`` its weight in the server's sum):
 
 * QLSD#: ``theta' = theta - gamma [grad U_0 + sum_{i in A} w_i m_i] + sqrt(2 gamma) Z``.
   Client level (add or remove client ``i``): ``||w_i m_i|| <= w_i C``, so
@@ -80,9 +82,9 @@ or on its grid value on a fixed-point grid, :func:`fedmcmc.compression.resolve_c
   participation rules). Record level: through ``C`` only (``z / 2``): the anchor term holds
   every record in every round, so the minibatch does not amplify and ``record_clip`` gives no
   bound of its own.
-* Refused, with the reason: QLSD*/LSD* (the mode and the server's constant are computed from
-  the data without noise), QLSD++/LSD++ with memory (the memory ``eta_i = alpha sum_l Delta_i^l``
-  that the server adds every round carries all of a client's earlier messages, so a round's
+* Refused, with the reason its registry entry gives: QLSD*/LSD* (the mode and the server's
+  constant are computed from the data without noise), QLSD++/LSD++ with memory (the memory
+  ``eta_i = alpha sum_l Delta_i^l`` that the server adds every round carries all of a client's earlier messages, so a round's
   contribution ``eta_i + w_i Delta_i`` is not bounded by one message's clip), FA-HMC and FA-LD with ``T > 1`` (hidden
   local steps: the released average is not a Gaussian mechanism), CG-DSGLD (surrogates fitted
   without noise), DG-SGLD, pSGLD, FedAvg (not analysed here, or no noise).
@@ -100,7 +102,8 @@ import numpy as np
 
 from fedmcmc.privacy.accountant import GaussianRounds, epsilon
 
-__all__ = ["Setting", "Bounds", "MAPPINGS", "KNOBS", "LEVELS", "account", "against_clients", "knob", "level_epsilon"]
+__all__ = ["Setting", "Bounds", "MECHANISMS", "LEVELS", "account", "against_clients", "knob", "level_epsilon",
+           "mapping"]
 
 LEVELS = ("client", "record")
 
@@ -236,12 +239,6 @@ def _dsgld(s: Setting) -> Bounds:
     return {"client": [client], "record": [record]}
 
 
-def _refuse(reason: str) -> Callable[[Setting], Bounds]:
-    return lambda s: {"client": [reason], "record": [reason]}
-
-
-_MODE = "the mode theta* and the server's constant sum_i grad U_i(theta*) are computed from the data without noise"
-_HIDDEN = "hidden local steps: the released average is not a Gaussian mechanism of one client's data"
 _STATE = ("its memory terms carry every earlier message of a client, which one message's clip does not bound; "
           "set [sampler] memory = false (QLSD++) or memory_rate = 0 (LSD++)")
 
@@ -257,27 +254,35 @@ def _qlsd_pp(s: Setting) -> Bounds:
                             "[privacy] clip"]
     return bounds
 
-#: Registered sampler name -> its mapping (see the module docstring).
-MAPPINGS: dict[str, Callable[[Setting], Bounds]] = {
-    "qlsd#": _qlsd_sharp, "sgld": _sgld, "fa-ld": _fa_ld,
-    "qlsd*": _refuse(_MODE), "lsd*": _refuse(_MODE), "qlsd++": _qlsd_pp, "lsd++": _qlsd_pp,
-    "fa-hmc": _refuse(_HIDDEN + " (FA-LD with local_steps = 1 is accounted)"),
-    "dsgld": _dsgld,
-    "cg-dsgld": _refuse("the shards' Gaussian surrogates are computed from the data without noise"),
-    "dg-sgld": _refuse(_HIDDEN), "psgld": _refuse("its preconditioner is built from past gradients without noise"),
-    "fedavg": _refuse("FedAvg adds no noise"),
+#: The Gaussian mechanisms of the module docstring, each under the algorithm it was derived for;
+#: a registered sampler names the one that covers its rounds (:class:`fedmcmc.samplers.Accounted`).
+MECHANISMS: dict[str, Callable[[Setting], Bounds]] = {
+    "qlsd#": _qlsd_sharp, "sgld": _sgld, "fa-ld": _fa_ld, "dsgld": _dsgld, "qlsd++": _qlsd_pp,
 }
 
 
-#: The bound that sets each level's epsilon, where it is not ``clip`` for clients and ``record_clip``
-#: for records (what a budget chooses).
-KNOBS = {"dsgld": {"client": "record_clip", "record": "record_clip"}, "qlsd++": {"record": "clip"},
-         "lsd++": {"record": "clip"}}
+def mapping(name: str) -> Callable[[Setting], Bounds]:
+    """The mapping of registered sampler ``name``: its entry's mechanism, or, for an entry whose
+    :attr:`fedmcmc.samplers.Registered.privacy` is a reason, both levels refused with it."""
+    from fedmcmc.samplers import REGISTRY
+
+    if name not in REGISTRY:
+        raise ValueError(f"no privacy mapping for sampler {name!r}: it is not registered; registered: "
+                         f"{', '.join(REGISTRY)}")
+    declared = REGISTRY[name].privacy
+    if isinstance(declared, str):
+        return lambda s: {"client": [declared], "record": [declared]}
+    return MECHANISMS[declared.mechanism]
 
 
 def knob(name: str, level: str) -> str:
-    """The :class:`Setting` field a budget at ``level`` chooses for sampler ``name``."""
-    return KNOBS.get(name, {}).get(level, "clip" if level == "client" else "record_clip")
+    """The :class:`Setting` field a budget at ``level`` chooses for sampler ``name``: ``clip`` for
+    clients and ``record_clip`` for records, unless its :class:`fedmcmc.samplers.Accounted` says otherwise."""
+    from fedmcmc.samplers import REGISTRY
+
+    declared = REGISTRY[name].privacy
+    knobs = {} if isinstance(declared, str) else declared.knobs
+    return knobs.get(level, "clip" if level == "client" else "record_clip")
 
 
 def level_epsilon(bounds, delta: float, accountant: str = "rdp") -> float:
@@ -295,7 +300,7 @@ def against_clients(name: str, setting: Setting, delta: float, accountant: str =
     """
     from scipy.stats import binom
 
-    bounds = MAPPINGS[name](setting)["client"]
+    bounds = mapping(name)(setting)["client"]
     if isinstance(bounds[0], str):
         return {"refused": bounds[0]}
     if not any(m.sampling == "poisson" and m.rate < 1 for groups in bounds for m in groups):
@@ -313,9 +318,7 @@ def against_clients(name: str, setting: Setting, delta: float, accountant: str =
 def account(name: str, setting: Setting, delta: float, accountant: str = "rdp") -> dict:
     """Client- and record-level ``{"epsilon", "delta"}`` of a run of the registered sampler
     ``name``, or ``{"refused": reason}`` for a level without a bound."""
-    if name not in MAPPINGS:
-        raise ValueError(f"no privacy mapping for sampler {name!r}; accounted: {', '.join(MAPPINGS)}")
-    bounds = MAPPINGS[name](setting)
+    bounds = mapping(name)(setting)
     out = {}
     for level in LEVELS:
         try:

@@ -46,8 +46,8 @@ def block_width(num_chains: int) -> int:
 
     Why: XLA's CPU kernels for a dot product choose their blocking, hence the order in which
     they add, from the operands' shapes, and under ``vmap`` the chains are one of those
-    dimensions; on AMD EPYC (AVX2) a logistic-regression gradient differed in its last bit
-    between a program of 9 chains and the same chains in programs of 1 to 8 (2026-11-27), so a
+    dimensions; on an AVX2 CPU a logistic-regression gradient differed in its last bit
+    between a program of 9 chains and the same chains in programs of 1 to 8, so a
     run split 2 + 3 over two workers did not give the draws of the same 5 chains in one program.
     With the blocks fixed by ``num_chains`` alone, every chain is computed by the same program
     wherever it runs.

@@ -175,11 +175,14 @@ def _setup(conducive: Conducive, model: Model) -> Setup:
 
 def cg_dsgld(model: Model, probs, step_size, local_steps: int, surrogate=None, batch_size=None,
              record_every: int | None = None, alpha: float = 1.0, name: str = "cg-dsgld",
-             likelihood_only: bool = False) -> FederatedSampler:
+             likelihood_only: bool = False, anchor=None) -> FederatedSampler:
     """CG-DSGLD / FSGLD: DSGLD with conducive gradients (:func:`fedmcmc.estimators.conducive.conducive`)
     from Gaussian shard surrogates ``surrogate`` (``surrogates.taylor()``, exact for conjugate
     Gaussian models, if None), scaled by ``alpha > 0``; ``likelihood_only`` fits each ``q_s`` to
     ``p(x_s | theta)`` (prior share 0) instead of ``p(theta)^{f_s} p(x_s | theta)`` (see the
-    module docstring). Other parameters as :func:`dsgld`."""
+    module docstring). The shards fit their surrogates at ``anchor`` (the run config gives the
+    federated mode when the run has it), else at each chain's start: a Taylor surrogate fitted at
+    a start away from the mode can make a shard's local potential concave (a conducive term
+    ``L - L_s / f_s`` that repels), which diverges within a visit. Other parameters as :func:`dsgld`."""
     return dsgld(model, probs, step_size, local_steps, batch_size, record_every, name,
-                 conducive_gradients(surrogate, alpha, likelihood_only))
+                 conducive_gradients(surrogate, alpha, likelihood_only, anchor))

@@ -15,7 +15,7 @@ same exact local gradient at every anchor refresh -- and the server only adds th
 and takes a plain gradient step (no compression, no bit count, no memory, no noise, nothing
 recorded). Everything else a QLSD++ round does (quantisation, the exact QSGD bit count,
 dequantisation, memory terms, the Langevin move, recording) is the federation's overhead.
-Target: ``<= 1.3`` (issue 17, target 2), the ``ratio`` of each model's entry. Both loops run
+Target: ``<= 1.3`` (docs/benchmarks.md, "Targets"), the ``ratio`` of each model's entry. Both loops run
 in this process, interleaved, best of ``repeats``.
 """
 

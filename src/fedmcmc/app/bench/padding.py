@@ -1,5 +1,5 @@
 """`fedmcmc bench`'s padding tax: full-batch federated rounds on unbalanced clients against
-pooled ULA on the same points (issue 17, target 3; docs/benchmarks.md, "No padding tax").
+pooled ULA on the same points (docs/benchmarks.md, "No padding tax").
 
 ``padding_overhead_full_batch`` is the seconds per iteration of QLSD# (identity compression,
 full participation, exact local gradients) on the toy problem's 20 unbalanced clients (14 to

@@ -16,11 +16,12 @@ A ``[data]`` run on Flower goes as follows (docs/flower.md, "Node-local data"):
    puts its own scaled rows in its place (:func:`own_data`), exactly as the simulator's
    :func:`fedmcmc.app.inputs.load_data` would.
 
-Samplers whose construction needs the data themselves are refused (:data:`REFUSED`).
+Samplers whose construction needs the data themselves are refused (:func:`refused`).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import tomllib
 from functools import lru_cache
@@ -37,14 +38,17 @@ from fedmcmc.data import federated
 from fedmcmc.data.federated import FederatedData
 from fedmcmc.samplers import REGISTRY
 
-#: Samplers a node-local ``[data]`` run refuses, and why.
-REFUSED = {
-    "qlsd*": "its control variates need the federated mode, which fedmcmc computes with every client's data in "
-             "one process (estimators.gradients.find_mode), not yet as Flower rounds",
-    "lsd*": "like QLSD*, its control variates need the federated mode",
-    "sgld": "it is centralised: all data on one client",
-    "psgld": "it is centralised: all data on one client",
-}
+def refused(name: str) -> str | None:
+    """Why a node-local ``[data]`` run refuses registered sampler ``name``, or None: a pooled
+    sampler (:attr:`fedmcmc.samplers.Registered.pooled`) and one whose builder takes the federated
+    ``mode`` are."""
+    entry = REGISTRY[name]
+    if entry.pooled:
+        return "it is centralised: all data on one client"
+    if "mode" in inspect.signature(entry.build).parameters:
+        return ("its control variates need the federated mode, which fedmcmc computes with every client's data in "
+                "one process (estimators.gradients.find_mode), not yet as Flower rounds")
+    return None
 
 
 def num_clients(section: dict) -> int:
@@ -141,12 +145,13 @@ def _label_dtype(info: inputs_lib.Inputs):
 
 
 def check_sampler(cfg: dict) -> None:
-    """Refuse a sampler of :data:`REFUSED` (a ``[data]`` run on Flower), naming those that work, and
-    ``step_size = "auto"``, whose curvature rounds need the federated mode as well."""
+    """Refuse a sampler that :func:`refused` names (a ``[data]`` run on Flower), naming those that
+    work, and ``step_size = "auto"``, whose curvature rounds need the federated mode as well."""
     name = config_lib.sampler_name(cfg)
-    if name in REFUSED:
-        usable = [s for s in REGISTRY if s not in REFUSED]
-        raise config_lib.ConfigError(f"{name} cannot run on node-local data: {REFUSED[name]}; use one of "
+    why = refused(name)
+    if why:
+        usable = [s for s in REGISTRY if not refused(s)]
+        raise config_lib.ConfigError(f"{name} cannot run on node-local data: {why}; use one of "
                                      f"{', '.join(usable)} (docs/flower.md)")
     if cfg["sampler"].get("step_size") == "auto":
         raise config_lib.ConfigError('step_size = "auto" cannot run on node-local data yet: its curvature is taken '
