@@ -134,7 +134,7 @@ def posterior_table(idata, var_names: Sequence[str] | None = None, hdi_prob: flo
     az = io._arviz()
     post = idata.posterior if var_names is None else idata.posterior[list(var_names)]
     for name, v in post.data_vars.items():
-        finite = (np.abs(v.values) <= TABLE_MAX).all(axis=(0, 1))
+        finite = (np.abs(np.asarray(v.values, np.float64)) <= TABLE_MAX).all(axis=(0, 1))
         if v.ndim == 3 and not finite.all():
             post = post.isel({v.dims[2]: np.flatnonzero(finite)})
     table = az.summary(post, hdi_prob=hdi_prob, round_to="none")
