@@ -53,6 +53,8 @@ def test_run_prints_and_records_the_chosen_step(tmp_path):
     assert results["whitening"] == {"used": True, "full": True, "rounds": 1, "bits": 4 * 32 * (3 + 6)}
     assert "whiten: the sampler runs in z" in proc.stdout
     assert results["posterior_mean_error"] < 0.5 and results["laplace"]["rounds"] == 1  # draws back in theta
+    # the clients' pulls at the mode (B*), in theta and in posterior sds
+    assert results["heterogeneity"]["clients"] == 4 and 0 < results["heterogeneity"]["b_star_in_sds"]
     # 2 chains of 400 rounds at a Langevin step gamma ~ 0.07 on a whitened posterior (m = 1): ~1 / gamma
     # rounds per independent draw, ~2 x 400 / (2 / gamma) effective draws, too few: said, with the fix
     assert step["rounds_per_draw"] == pytest.approx(1 / (step["lambda_min"] * step["value"]))
@@ -94,6 +96,40 @@ def test_keys_set_from_the_same_curvature(sampler, extra, key, rule):
     built = config.build(tomllib.loads(CONFIG.format(sampler=sampler, extra=extra)))
     assert built.step[key] == pytest.approx(getattr(steps, rule)(built.step["lambda_max"]))
     assert np.all(np.asarray(built.step["value"]) > 0)
+
+
+FA_LD = 'local_steps = 2\nstep_decay = "auto"'
+
+
+def test_the_dynamic_step_starts_with_the_automatic_step_and_counts_its_slower_mixing():
+    """FA-LD's ``step_decay = "auto"``: Proposition J.1's first stage at the automatic step, and the
+    expected ESS from the decayed Langevin time, against the same run at the constant step."""
+    from fedmcmc.samplers import schedules
+
+    text = CONFIG.format(sampler="fa-ld", extra=FA_LD).replace("num_iterations = 400", "num_iterations = 20000")
+    built = config.build(tomllib.loads(text))
+    step = built.step
+    assert step["step_decay"] == schedules.first_stage(step["lambda_min"], step["value"], 1, 2.0)
+    constant = config.build(tomllib.loads(text.replace('step_decay = "auto"', ""))).step
+    kept = schedules.decayed_rounds(step["step_decay"], 2.0, 0, 20000)
+    assert step["expected_ess"] == pytest.approx(constant["expected_ess"] * kept / 20000)
+    assert kept < 20000 / 4  # the decay costs mixing: a quarter of the draws or fewer here
+
+
+def test_a_dynamic_step_that_cannot_reach_the_draws_says_so():
+    from fedmcmc.app import step
+
+    text = CONFIG.format(sampler="fa-ld", extra=FA_LD.replace('"auto"', "2"))
+    built = config.build(tomllib.loads(text))
+    assert built.step["rounds_needed"] is None
+    line = step.budget_warning(built.step, {"num_chains": 2, "num_iterations": 400})
+    assert "no run length gives 400" in line and "drop step_decay" in line
+
+
+def test_the_dynamic_step_is_not_accounted_by_privacy():
+    text = CONFIG.format(sampler="fa-ld", extra="local_steps = 1\nstep_decay = 100").replace('"auto"', "0.01")
+    built = config.build(tomllib.loads(text + "\n[privacy]\nclip = 1.0\ndelta = 1e-5\n"))
+    assert "constant step" in json.dumps(built.privacy)
 
 
 def test_psgld_auto_is_one_clear_line(tmp_path):

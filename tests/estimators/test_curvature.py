@@ -121,3 +121,24 @@ def test_minibatch_noise_is_the_weighted_sum_of_the_points_squared_curvatures():
     assert got.converged
     assert got.lambda_max == pytest.approx(np.linalg.eigvalsh(exact)[-1], rel=1e-3)
     assert got.bits_up == got.bits_down == got.rounds * 3 * 32 * 3
+
+
+def test_the_mode_reports_each_clients_gradient_and_b_star():
+    """Gaussian clients with a flat prior: grad U_i(theta*) = N_i (theta* - xbar_i), and in posterior
+    sds (H^{-1} = I / N) the pulls are N_i^2 ||theta* - xbar_i||^2 / N."""
+    from fedmcmc.app import problems
+    from fedmcmc.estimators import gradients
+
+    data, model, _ = problems.PROBLEMS["heterogeneous-gaussian"](num_clients=5, dim=3)
+    mode = gradients.find_mode(model, data)
+    theta = np.asarray(mode.theta, np.float64)
+    counts = np.asarray(data.counts, np.float64)
+    means = np.stack([np.asarray(data.unpadded(i), np.float64).mean(axis=0) for i in range(5)])
+    exact = counts[:, None] * (theta - means)
+    np.testing.assert_allclose(mode.client_grads, exact, rtol=1e-3, atol=1e-2 * np.abs(exact).max())
+    record = gradients.heterogeneity(mode, np.eye(3) / counts.sum())
+    assert record["b_star"] == pytest.approx(np.sum(exact**2), rel=1e-3)
+    assert record["b_star_in_sds"] == pytest.approx(np.sum(exact**2) / counts.sum(), rel=1e-3)
+    assert record["max_client_in_sds"] == pytest.approx(np.sqrt(np.max(np.sum(exact**2, 1)) / counts.sum()),
+                                                        rel=1e-3)
+    assert gradients.heterogeneity(mode._replace(client_grads=None)) is None

@@ -396,14 +396,17 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
                                                   whitened=moved is not None)
         if paid:
             step = {**step, "rounds": step["rounds"] + mode.rounds, "bits": step["bits"] + mode.bits}
-        step = {**step, **auto.budget(step, cfg["run"])}
         mode = mode or found
         for key, rule in entry.auto_keys.items():
             if section.get(key) == "auto":
-                value = rule(step["lambda_max"])
+                try:
+                    value = rule(step, args)
+                except ValueError as err:
+                    raise ConfigError(f"[sampler] {key} = \"auto\": {err}") from None
                 step, resolved = {**step, key: value}, {**section, key: value}
                 args.update({param: value if param == key else _ARGUMENTS[param].make(resolved, run) for param in params
                              if param == key or (param in _ARGUMENTS and key in _ARGUMENTS[param].keys)})
+        step = {**step, **auto.budget(step, cfg["run"], args)}
     known = on[1] if on[1] is not None else found  # the mode in the sampler's coordinates, if the run has it
     if "anchor" in args and known is not None:
         args["anchor"] = np.asarray(known.theta, np.float32)
@@ -538,6 +541,8 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
         "privacy": built.privacy,
         "theta_star": (None if built.mode is None or "mode" not in _parameters(sampler_name(cfg))
                        else {"rounds": built.mode.rounds, "bits": built.mode.bits}),
+        "heterogeneity": None if built.mode is None else gradients.heterogeneity(
+            built.mode, None if approx is None else (approx.cov if approx.cov is not None else approx.sd**2)),
         "laplace": laplace,
         "whitening": built.whitening[1],
         "posterior_check": checked,

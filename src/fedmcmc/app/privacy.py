@@ -129,8 +129,8 @@ def _setting(name: str, args: dict, data, pooled: bool, rounds: int, chains: int
                    None if batch is None else tuple(np.atleast_1d(batch).tolist()),
                    tuple(np.atleast_1d(probs).tolist()), scaling,
                    compressor is not None and compressor.name != "identity",
-                   {key: args[key] for key in ("weights", "correlation", "local_steps", "debiased", "probs", "memory",
-                                               "memory_rate")
+                   {key: args[key] for key in ("weights", "correlation", "local_steps", "debiased", "step_decay", "probs",
+                                               "memory", "memory_rate")
                     if key in args},  # a key not set keeps the builder's default, the mapping's too
                    int(chains))
 

@@ -133,6 +133,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "rho": 'Tolerance rho > 0 tying the clients\' z_i to theta (one, or one per client), or `"auto"` with '
                '`step_size = "auto"`.',
         "num_local_steps": "Langevin steps on z_i per round.",
+        "step_decay": "The dynamic step of FA-HMC's Proposition 4.5: `step_size` for the first `step_decay` "
+                      "trajectories, then stages of doubling length with the step divided by sqrt(2) at each; or "
+                      '`"auto"` with `step_size = "auto"` (the proposition\'s first stage at the automatic step). '
+                      "Default: a constant step.",
         "prior_step_size": "Draw theta with one Langevin step of this size instead of exactly (needed when the "
                            "prior is neither Gaussian nor flat).",
         "aggregation": '`"mcmahan"` (weighted average over the active clients) or `"unbiased"` (participation '

@@ -21,8 +21,8 @@ import numpy as np
 
 from fedmcmc.estimators import curvature as curvature_lib
 from fedmcmc.estimators import approximation, gradients
-from fedmcmc.samplers import REGISTRY
-from fedmcmc.samplers.steps import Setting, auto_step as rule_step, noise_weights, rounds_per_draw
+from fedmcmc.samplers import REGISTRY, schedules
+from fedmcmc.samplers.steps import Setting, auto_step as rule_step, noise_weights, rounds_per_draw, trajectories_per_round
 
 #: Round budgets and tolerance of the power iterations (lambda_max, then lambda_min).
 MAX_ROUNDS, MAX_ROUNDS_SMALLEST, TOL = 200, 100, 1e-3
@@ -82,19 +82,41 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None, whitened
 MIN_ESS = 400
 
 
-def budget(record: dict, run: dict) -> dict:
+def budget(record: dict, run: dict, args: dict | None = None) -> dict:
     """``{"expected_ess": ...}``: about how many effective draws ``run``'s schedule gives at the
     step of ``record`` (:func:`fedmcmc.samplers.steps.rounds_per_draw`), over all chains, and
-    ``{"rounds_needed": ...}`` for :data:`MIN_ESS` when it gives fewer. Empty without an estimate."""
+    ``{"rounds_needed": ...}`` for :data:`MIN_ESS` when it gives fewer (None when no run length
+    does). Empty without an estimate. With a decaying step (the builder arguments ``args`` set
+    ``step_decay``) a kept round counts by its Langevin time relative to the first stage's
+    (:func:`fedmcmc.samplers.schedules.decayed_rounds`)."""
     per_draw = record.get("rounds_per_draw")
     if not per_draw:
         return {}
-    burn_in, chains = int(run.get("burn_in", 0)), int(run["num_chains"])
-    kept = max(int(run["num_iterations"]) - burn_in, 0)
-    expected = min(chains * kept / (2 * per_draw), chains * kept)
+    burn_in, chains, total = int(run.get("burn_in", 0)), int(run["num_chains"]), int(run["num_iterations"])
+    decay = None if args is None else args.get("step_decay")
+    if decay is None:
+        def kept(stop):
+            return max(stop - burn_in, 0)
+    else:
+        per_round = trajectories_per_round(args)
+
+        def kept(stop):
+            return schedules.decayed_rounds(decay, per_round, burn_in, stop)
+    expected = min(chains * kept(total) / (2 * per_draw), chains * max(total - burn_in, 0))
     out = {"expected_ess": expected}
     if expected < MIN_ESS:
-        out["rounds_needed"] = int(np.ceil(burn_in + MIN_ESS * 2 * per_draw / chains))
+        target = MIN_ESS * 2 * per_draw / chains
+        if decay is None:
+            out["rounds_needed"] = int(np.ceil(burn_in + target))
+        else:  # the smallest length whose kept time reaches the target, if int32's rounds do
+            low, high = total, 2**31 - 1
+            if kept(high) < target:
+                out["rounds_needed"] = None
+            else:
+                while low < high:
+                    mid = (low + high) // 2
+                    low, high = (mid + 1, high) if kept(mid) < target else (low, mid)
+                out["rounds_needed"] = int(low)
     return out
 
 
@@ -102,10 +124,14 @@ def budget_warning(record: dict, run: dict) -> str | None:
     """One line when ``run``'s schedule is too short for the step of ``record`` (:func:`budget`)."""
     if "rounds_needed" not in record:
         return None
-    return (f"at this step a chain needs about {record['rounds_per_draw']:.3g} rounds to forget its state "
+    have = (f"at this step a chain needs about {record['rounds_per_draw']:.3g} rounds to forget its state "
             f"(1 / (lambda_min x a round's Langevin time)): num_iterations = {run['num_iterations']} after "
             f"burn_in = {run.get('burn_in', 0)} gives about {record['expected_ess']:.0f} effective draws over "
-            f"{run['num_chains']} chain(s); for {MIN_ESS}, set num_iterations >= {record['rounds_needed']}")
+            f"{run['num_chains']} chain(s); ")
+    if record["rounds_needed"] is None:
+        return have + (f"no run length gives {MIN_ESS}: the decaying step's Langevin time grows with the logarithm "
+                       "of the rounds; drop step_decay, or give it a longer first stage")
+    return have + f"for {MIN_ESS}, set num_iterations >= {record['rounds_needed']}"
 
 
 def describe(record: dict) -> str:

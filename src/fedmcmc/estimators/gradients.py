@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.core.xla import materialize
-from fedmcmc.core.base import ClientData, Model, Rows
+from fedmcmc.core.base import CLIENT_AXES, ClientData, Model, Rows
 from fedmcmc.data.federated import FederatedData, buckets
 
 Oracle = Callable[[Any, Any, ClientData], Any]
@@ -409,6 +409,9 @@ class ModeResult(NamedTuple):
         Federated rounds used: each is one full local gradient per client.
     bits
         Bits exchanged to find it: ``rounds * b * 32 d`` up plus as many down.
+    client_grads
+        ``[b, d]``: each client's ``grad U_i(theta*)``, the uploads of the round at theta*
+        (:func:`heterogeneity`), or None where not kept.
     """
 
     theta: Any
@@ -416,6 +419,28 @@ class ModeResult(NamedTuple):
     gradient_norm: float
     rounds: int
     bits: int
+    client_grads: Any = None
+
+
+def heterogeneity(mode: ModeResult, cov=None) -> dict | None:
+    """The clients' heterogeneity at the mode (Vono et al. 2022, Section 3), from the gradients
+    the mode's last round uploads: ``b_star = sum_i ||grad U_i(theta*)||^2``, the ``B*`` of their
+    assumption H3 and Tables 1-2, and, with the posterior covariance ``cov`` (``H^{-1}`` of the
+    Laplace approximation, or its diagonal ``[d]``), ``b_star_in_sds = sum_i g_i' H^{-1} g_i``:
+    how far, in posterior standard deviations squared, each client's own data pull away from the
+    consensus, summed. QLSD#'s bias from compression and partial participation grows with ``B*``
+    (``omega B*`` in Table 2); QLSD*'s control variates at the mode and QLSD++'s memory terms
+    remove it. None where the gradients were not kept."""
+    if mode.client_grads is None:
+        return None
+    g = np.asarray(mode.client_grads, np.float64)
+    out = {"b_star": float(np.sum(g * g)), "b_star_in_sds": None,
+           "max_client_in_sds": None, "clients": int(g.shape[0])}
+    if cov is not None:
+        cov = np.asarray(cov, np.float64)
+        pulls = np.einsum("id,de,ie->i", g, cov, g) if cov.ndim == 2 else np.sum(g * g * cov, axis=1)
+        out.update(b_star_in_sds=float(np.sum(pulls)), max_client_in_sds=float(np.sqrt(np.max(pulls))))
+    return out
 
 
 #: Up to this many parameters a client can upload its full Hessian (the mode's Newton steps, the
@@ -464,7 +489,15 @@ def find_mode(model: Model, data: FederatedData, theta0=None, max_rounds: int = 
         client_sum, prior_grad = jax.jit(lambda t: (weighted_potential_grad(model, t, rows.x, weights),
                                                     jax.grad(model.log_prior)(t)))(theta)
     grad_norm = float(jnp.linalg.norm(client_sum - prior_grad))
-    return ModeResult(theta, client_sum, grad_norm, rounds, bits)
+    return ModeResult(theta, client_sum, grad_norm, rounds, bits, _client_gradients(model, data, theta))
+
+
+def _client_gradients(model: Model, data: FederatedData, theta) -> np.ndarray:
+    """``[b, d]``: every client's ``grad U_i(theta)`` on its own rows (one bucketed pass,
+    :func:`local_gradient` under ``vmap``)."""
+    clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
+    grads = jax.jit(jax.vmap(lambda t, cd: local_gradient(model, t, cd), (None, CLIENT_AXES)))(theta, clients)
+    return np.asarray(grads)
 
 
 def _newton(u: Callable, theta, num_clients: int, max_rounds: int) -> tuple[Any, int, int]:

@@ -128,7 +128,7 @@ class Setting(NamedTuple):
         Whether uploads are compressed (not the identity).
     extra
         Sampler settings a mapping reads (FA-LD: ``weights``, ``correlation``, ``local_steps``,
-        ``debiased``; DSGLD: ``probs``, ``local_steps``; QLSD++: ``memory``, ``memory_rate``).
+        ``debiased``, ``step_decay``; DSGLD: ``probs``, ``local_steps``; QLSD++: ``memory``, ``memory_rate``).
     chains
         Chains released (each an independent run of ``rounds`` rounds on the same data): the
         mechanisms compose ``rounds x chains`` times.
@@ -215,6 +215,8 @@ def _fa_ld(s: Setting) -> Bounds:
     e = s.extra
     why = ("FA-LD is accounted with one local step per round (local_steps = 1)" if e.get("local_steps") != 1 else
            "SCAFFOLD's control variates (debiased) carry earlier rounds' gradients" if e.get("debiased") else
+           "FA-LD is accounted at a constant step (step_decay changes its noise round by round)"
+           if e.get("step_decay") is not None else
            "FA-LD is accounted under full participation" if s.scaling != "full" else None)
     if why:
         return {"client": [why], "record": [why]}

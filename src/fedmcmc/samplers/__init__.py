@@ -104,8 +104,11 @@ class Registered(NamedTuple):
         points sit at most (1 at the mode; :func:`fedmcmc.samplers.steps.noise_weights`, whose
         minibatch noise ``step_size = "auto"`` measures); None: no control variates.
     auto_keys
-        ``{key: rule(lambda_max) -> value}``: ``[sampler]`` keys besides ``step_size`` that
-        ``"auto"`` sets from the same curvature (with ``step_size = "auto"``).
+        ``{key: rule(record, args) -> value}``: ``[sampler]`` keys besides ``step_size`` that
+        ``"auto"`` sets from the same curvature (with ``step_size = "auto"``), from the step's
+        record (``value``, ``lambda_max``, ``lambda_min``: :func:`fedmcmc.app.step.auto_step`) and
+        the builder's arguments (:func:`fedmcmc.samplers.steps.of_lambda_max` makes one of a
+        function of ``lambda_max``).
     privacy
         :class:`Accounted`, or a string: why ``[privacy]`` has no bound for it (both levels
         are recorded as refused with it, and a budget is refused naming it).
@@ -175,6 +178,7 @@ REGISTRY: dict[str, Registered] = {
     "fa-hmc": Registered(fa_hmc, "federated averaging of local SG-HMC (Liang et al. 2024, Alg. 3; "
                                  "debiased: Alg. B.2)",
                          step=steps._fa_hmc, shares="weights", round_time=steps._leapfrog_time,
+                         auto_keys={"step_decay": steps.step_decay},
                          privacy=_HIDDEN + " (FA-LD with local_steps = 1 is accounted)",
                          example={"step_size": 1e-2, "num_leapfrog": 3, "local_steps": 2, **_BATCH,
                                   "clock": "leapfrog"},
@@ -186,7 +190,7 @@ REGISTRY: dict[str, Registered] = {
     "fa-ld": Registered(fa_ld, "federated averaging Langevin dynamics (Deng et al. 2021): FA-HMC with one "
                                "leapfrog step",
                         step=steps._fa_hmc, shares="weights", round_time=steps._leapfrog_time,
-                        privacy=Accounted("fa-ld"),
+                        auto_keys={"step_decay": steps.step_decay}, privacy=Accounted("fa-ld"),
                         example={"step_size": 1e-2, "local_steps": 3, **_BATCH}, problem=_LOCAL),
     "dsgld": Registered(dsgld, "distributed SGLD (Ahn et al. 2014): a chain visits one shard at a time",
                         step=steps._dsgld, shares="probs", round_time=steps._visit_time,
@@ -195,11 +199,12 @@ REGISTRY: dict[str, Registered] = {
     "cg-dsgld": Registered(cg_dsgld, "DSGLD with conducive gradients from Gaussian shard surrogates "
                                      "(El Mekkaoui et al. 2021); alias 'fsgld'",
                            step=steps._dsgld, round_time=steps._visit_time,
-                           auto_keys={"surrogate_step_size": steps.surrogate_step},
+                           auto_keys={"surrogate_step_size": steps.of_lambda_max(steps.surrogate_step)},
                            privacy="the shards' Gaussian surrogates are computed from the data without noise",
                            example=_SHARDS, problem=_BLOBS),
     "dg-sgld": Registered(dg_sgld, "distributed Gibbs SGLD (Plassier et al. 2021, DG-LMC with minibatches)",
-                          step=steps._dg_sgld, round_time=steps._gibbs_time, auto_keys={"rho": steps.tolerance},
+                          step=steps._dg_sgld, round_time=steps._gibbs_time,
+                          auto_keys={"rho": steps.of_lambda_max(steps.tolerance)},
                           privacy=_HIDDEN,
                           example={"rho": 0.5, "step_size": 1e-4, **_BATCH}),
     "fedavg": Registered(fedavg, "FedAvg (McMahan et al. 2017), an optimiser baseline", step=steps._fedavg,

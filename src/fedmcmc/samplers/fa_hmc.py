@@ -72,6 +72,9 @@ every sampler's inactive clients do.
 **Step size.** ``eta`` is a constant or a schedule of the trajectory counter
 ``j = floor(n / K)`` (constant along a trajectory, as ``eta_t`` in Algorithm 3); on the
 trajectory clock ``j = k T + s`` for the ``s``-th trajectory of round ``k``, as before.
+``step_decay`` gives the paper's dynamic step (Proposition 4.5): ``eta`` for the first ``t_1``
+trajectories, then stages of doubling length with ``eta`` divided by ``sqrt(2)`` at each
+(:mod:`fedmcmc.samplers.schedules`).
 
 With ``K = 1`` both clocks coincide and a step is ``theta <- theta - (eta^2 / 2) g(theta) + eta
 p``: FA-LD with learning rate ``eta^2 / 2``, the form :func:`fa_ld` exposes.
@@ -127,6 +130,7 @@ from fedmcmc.estimators import gradients, scaffold
 from fedmcmc.estimators.stochastic import StochasticGradient, gaussian_noise
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.samplers.integrators import leapfrog_step, step_size_at
+from fedmcmc.samplers.schedules import doubling_stages
 from fedmcmc.samplers.messages import ClientInfo, ServerInfo, float_bits
 from fedmcmc.samplers.trajectories import run_round, round_trajectories, steps_per_round
 
@@ -311,7 +315,7 @@ def _server_step(s: _Settings, key, server_state, uploads, mask, k):
 def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int, correlation: float = 0.0,
            batch_size=None, gradient_noise: float = 0.0, debiased: bool = False, compressor=None,
            participation: Participation | None = None, name: str = "fa-hmc", *, clock: str = "leapfrog",
-           momentum_sync: str = "local") -> FederatedSampler:
+           momentum_sync: str = "local", step_decay: int | None = None) -> FederatedSampler:
     """Build FA-HMC (see the module docstring for the update equations).
 
     Parameters
@@ -351,8 +355,12 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
         (default, nothing more on the wire) keeps it, ``"average"`` replaces it by the clients'
         weighted average (``d`` more floats up and down per round). No effect, and nothing
         sent, when every round starts a trajectory (``K`` divides the steps per round).
+    step_decay
+        The dynamic step of Proposition 4.5 (:func:`fedmcmc.samplers.schedules.doubling_stages`):
+        ``step_size`` for the first ``step_decay`` trajectories, then stages of doubling length,
+        the step divided by ``sqrt(2)`` at each. None (default): the constant ``step_size``.
     """
-    step_size = checks.step_size(step_size)
+    step_size = checks.step_size(step_size) if step_decay is None else doubling_stages(step_size, step_decay)
     w_np = checks.client_weights(weights)
     num_leapfrog = checks.positive_int("num_leapfrog", num_leapfrog)
     local_steps = checks.positive_int("local_steps", local_steps)
@@ -381,7 +389,8 @@ def fa_hmc(model: Model, weights, step_size, num_leapfrog: int, local_steps: int
 
 def fa_ld(model: Model, weights, step_size, local_steps: int, correlation: float = 0.0, batch_size=None,
           gradient_noise: float = 0.0, debiased: bool = False, compressor=None,
-          participation: Participation | None = None, name: str = "fa-ld") -> FederatedSampler:
+          participation: Participation | None = None, name: str = "fa-ld", *,
+          step_decay: int | None = None) -> FederatedSampler:
     """FA-LD (Deng et al., 2021): FA-HMC with one leapfrog step per trajectory,
 
         theta^(c) <- theta^(c) - (eta^2 / 2) g(theta^(c)) + eta p^(c),
@@ -391,4 +400,4 @@ def fa_ld(model: Model, weights, step_size, local_steps: int, correlation: float
     :func:`fa_hmc`.
     """
     return fa_hmc(model, weights, step_size, 1, local_steps, correlation, batch_size, gradient_noise,
-                  debiased, compressor, participation, name)
+                  debiased, compressor, participation, name, step_decay=step_decay)

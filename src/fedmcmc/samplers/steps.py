@@ -77,6 +77,8 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   only, so for both samplers a visit is bounded as FA-HMC's round, as one step of ``V h / 2``.
   CG-DSGLD's SGLD surrogates (``surrogate_step_size = "auto"``, :func:`surrogate_step`) run ULA
   with ``gamma = h / 2`` on a shard's potential, whose curvature is at most ``L``: ``h = 4 E / L``.
+  FA-HMC's and FA-LD's dynamic step (``step_decay = "auto"``, :func:`step_decay`) starts from the
+  rule's ``eta`` and keeps it for Proposition J.1's first stage, ``lambda_min`` as its ``mu``.
 * **The clients' drift** (FA-HMC, FA-LD, DSGLD): a chain that follows one local potential
   ``f_c = U_0 + U_c / s_c`` for several steps is pulled towards that client's own mode, and on
   non-IID data the pulls do not cancel. On quadratic ``f_c`` (Hessians ``A_c``, gradients
@@ -112,6 +114,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedmcmc.samplers import schedules
 from fedmcmc.samplers.trajectories import steps_per_round
 
 #: The largest marginal standard-deviation inflation a rule allows (discretisation and noise).
@@ -277,6 +280,31 @@ def tolerance(lambda_max: float) -> float:
 def surrogate_step(lambda_max: float) -> float:
     """CG-DSGLD's ``surrogate_step_size = "auto"``: ``4 E / L`` (module docstring)."""
     return 4.0 * E / lambda_max
+
+
+def trajectories_per_round(args: dict) -> float:
+    """FA-HMC's trajectories of ``K`` leapfrog steps per round, ``S / K`` (fractional where a
+    trajectory spans rounds), from its builder arguments."""
+    k = int(args.get("num_leapfrog", 1))
+    return steps_per_round(k, int(args["local_steps"]), args.get("clock", "leapfrog")) / k
+
+
+def step_decay(record: dict, args: dict) -> int:
+    """FA-HMC's and FA-LD's ``step_decay = "auto"``: Proposition J.1's first stage
+    ``t_1 = ceil(log 8 / -log(1 - mu (K eta)^2 / 4))`` trajectories at the automatic step ``eta``,
+    with ``mu = lambda_min`` (:func:`fedmcmc.samplers.schedules.first_stage`)."""
+    mu = record.get("lambda_min")
+    if mu is None or not mu > 0:
+        raise ValueError(f'step_decay = "auto" needs the posterior\'s smallest curvature lambda_min > 0 at the mode '
+                         f"(got {mu!r}); give step_decay as a number of trajectories")
+    return schedules.first_stage(mu, float(record["value"]), int(args.get("num_leapfrog", 1)),
+                                 trajectories_per_round(args))
+
+
+def of_lambda_max(rule):
+    """An automatic key's rule (:attr:`fedmcmc.samplers.Registered.auto_keys`) from a function of
+    ``lambda_max`` alone."""
+    return lambda record, args: rule(record["lambda_max"])
 
 
 def _dg_sgld(s: Setting) -> tuple[np.ndarray, str]:
