@@ -27,20 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import time
 import tomllib
 from pathlib import Path
 
 import numpy as np
 
-from fedmcmc.app import config, examples
+from fedmcmc.app import config, examples, tables
 from fedmcmc.estimators import approximation, gradients
 from fedmcmc.evaluation import reference
 from fedmcmc.evaluation.distances import wasserstein1
 from fedmcmc.models.whitened import whitened, whitening
-from fedmcmc.runtime import io
+from fedmcmc.runtime import io, provenance
 
 #: Problem -> (example, its config file, changes to its [data]).
 PROBLEMS = {
@@ -69,6 +67,8 @@ SAMPLERS = {
     "dg-sgld": {"name": "dg-sgld", "rho": "auto", "num_local_steps": 10},
     "qlsd++ whiten = false": {"name": "qlsd++", "compression": {"bits": 8}, "batch_fraction": 0.1, "whiten": False},
 }
+# the rows and columns of docs/reproductions.md's table, which fedmcmc.app.tables renders
+assert tuple(SAMPLERS) == tables.AUTO_STEP_SAMPLERS and tuple(PROBLEMS) == tables.AUTO_STEP_PROBLEMS
 RUN = {"seed": 0, "num_chains": 4, "num_iterations": 20000, "burn_in": 2000, "thinning": 10}
 #: NUTS reference: draws per chain, chains, warm-up steps.
 NUTS = (2000, 4, 1000)
@@ -145,10 +145,7 @@ def main() -> None:
     args = parser.parse_args()
     path = args.out / "auto_step.json"
     records = json.loads(path.read_text()) if path.is_file() else {}
-    records["meta"] = {"commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                text=True).stdout.strip(),
-                       "machine": f"{platform.processor() or platform.machine()}, {platform.system()}",
-                       "run": RUN, "nuts": NUTS}
+    records["meta"] = {"provenance": provenance.record(), "run": RUN, "nuts": NUTS}
     for problem in args.problems:
         folder, base = problem_config(args.out, problem)
         ref = nuts_reference(folder, base)
@@ -166,22 +163,9 @@ def main() -> None:
     table(records)
 
 
-def cell(r: dict | None) -> str:
-    """A table cell: W1/sd, with the run's own verdict when it did not pass its posterior check."""
-    if r is None:
-        return ""
-    if "refused" in r:
-        return "diverged" if r["refused"].startswith("DivergenceError") else "refused"
-    verdict = {True: "", False: " (check failed)", None: f" (R-hat {r['max_rhat']:.2f})"}[r["posterior_check"]]
-    return f"{r['w1_over_sd']:.3f}{verdict}"
-
-
 def table(records: dict) -> None:
-    problems = [p for p in PROBLEMS if p in records]
-    print("| sampler | " + " | ".join(problems) + " |")
-    print("| --- |" + " --- |" * len(problems))
-    for label in SAMPLERS:
-        print(f"| {label} | " + " | ".join(cell(records[p].get(label)) for p in problems) + " |")
+    """Print the table of docs/reproductions.md, "No tuning" (:mod:`fedmcmc.app.tables`)."""
+    print("\n".join(tables.TABLES["auto_step"].render(records)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,255 @@
+"""The tables of docs/reproductions.md and docs/benchmarks.md, generated from the results files.
+
+A generated table sits between two marker comments in its page::
+
+    <!-- table: qlsd_logistic, from docs/figures/qlsd_logistic.json -->
+    | method | ... |
+    <!-- /table -->
+
+and :func:`update` rewrites what is between them, and the opening marker, from :data:`TABLES`:
+one entry per table name, holding the results files it reads (paths from the repository's root,
+each the ``results.json`` of a run, or what a benchmark wrote) and the function that renders
+the table's Markdown lines from their contents. The prose around a table is the page's own.
+``tests/app/test_tables.py`` checks that every marked table is what its entry renders from the
+committed files.
+
+Regenerate the tables with (from the repository's root)::
+
+    python -m fedmcmc.app.tables
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable, NamedTuple, Sequence
+
+__all__ = ["PAGES", "TABLES", "Table", "render", "update", "main"]
+
+#: The pages whose marked tables are generated, from the repository's root.
+PAGES = ("docs/reproductions.md", "docs/benchmarks.md")
+COMMAND = "python -m fedmcmc.app.tables"
+
+_MARKED = re.compile(r"<!-- table: ([\w-]+)[^\n]*-->\n(.*?)<!-- /table -->", re.S)
+
+
+class Table(NamedTuple):
+    """One generated table: the results files it reads and the function that renders it."""
+
+    sources: tuple[str, ...]
+    """Paths of the results files, from the repository's root."""
+    render: Callable[..., list[str]]
+    """The contents of the sources (JSON, in order) -> the table's Markdown lines."""
+
+
+#: Table name -> its sources and renderer (filled by :func:`_table`).
+TABLES: dict[str, Table] = {}
+
+
+def _table(name: str, *sources: str):
+    def register(fn):
+        TABLES[name] = Table(tuple(sources), fn)
+        return fn
+    return register
+
+
+# --- number formats -------------------------------------------------------------------------
+
+def sci(x: float, sig: int = 2) -> str:
+    """``x`` in scientific notation with ``sig`` significant digits: ``2.78e-2``."""
+    mantissa, exponent = f"{x:.{sig - 1}e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def pm(x: float, se: float, sig: int = 2, sep: str = "±") -> str:
+    """``x ± se`` in the exponent of ``x``: ``5.2e-5 ± 1.4e-5``, ``2.9e-2 ± 0.2e-2``."""
+    exponent = int(sci(x, sig).split("e")[1])
+    scale = 10.0 ** exponent
+    return f"{x / scale:.{sig - 1}f}e{exponent} {sep} {se / scale:.{sig - 1}f}e{exponent}"
+
+
+def comma(x: float) -> str:
+    """``x`` rounded to an integer, with thousands separators: ``1,254,400``."""
+    return f"{round(x):,}"
+
+
+def _md(header: Sequence[str], rows) -> list[str]:
+    """A table in the ``|---|---|`` style."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+           ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _md_spaced(header: Sequence[str], rows) -> list[str]:
+    """A table in the ``| --- | --- |`` style."""
+    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)] + \
+           ["| " + " | ".join(row) + " |" for row in rows]
+
+
+# --- the tables -----------------------------------------------------------------------------
+
+def _toy_sig(method: str, star: int, sharp: int) -> int:
+    return star if "*" in method else sharp
+
+
+@_table("qlsd_toy_gaussian", "docs/figures/qlsd_toy_gaussian_gamma4.9e-4.json")
+def _qlsd_toy_gaussian(results: dict) -> list[str]:
+    rows = [(m, sci(r["mse"], _toy_sig(m, 4, 3)), sci(r["bias2"], _toy_sig(m, 4, 3)), sci(r["variance"], 2),
+             sci(r["mse_vs_ula_stationary"], _toy_sig(m, 2, 3)), comma(r["bits_per_iteration"]),
+             comma(r["bits_per_iteration_bound"])) for m, r in results["methods"].items()]
+    return _md(("method", "MSE vs exact posterior", "bias^2", "variance over chains",
+                "MSE vs the stationary law of ULA", "bits / round (ours, encoded)",
+                "bits / round (QSGD bound used by the paper)"), rows)
+
+
+@_table("qlsd_toy_gaussian_small_step", "docs/figures/qlsd_toy_gaussian_gamma4.9e-6.json")
+def _qlsd_toy_gaussian_small_step(results: dict) -> list[str]:
+    rows = [(m, sci(r["mse"], _toy_sig(m, 4, 3)), sci(r["bias2"], 2), sci(r["variance"], 3),
+             comma(r["bits_per_iteration"])) for m, r in results["methods"].items()]
+    return _md(("method", "MSE vs exact posterior", "bias^2", "variance over chains", "bits / round"), rows)
+
+
+@_table("qlsd_logistic", "docs/figures/qlsd_logistic.json")
+def _qlsd_logistic(results: dict) -> list[str]:
+    def cell(value, fmt):
+        return "–" if value is None else fmt(value)
+
+    rows = []
+    for method, r in results["methods"].items():
+        reference = method == "LSD++"
+        paper = results["paper"].get(method, {})
+        rows.append((method, cell(paper.get("hpd_error_vs_lsd"), sci),
+                     "0" if reference else pm(r["hpd_error_vs_lsd"], r["hpd_error_vs_lsd_se"]),
+                     sci(r["hpd_error_vs_lsd_unpaired"]), pm(r["hpd_error_vs_nuts"], r["hpd_error_vs_nuts_se"]),
+                     "1" if reference else cell(paper.get("relative_efficiency"), str),
+                     cell(r["relative_efficiency_paper_formula"], lambda v: f"{v:.2f}"),
+                     "1" if reference else f"{r['relative_efficiency_encoded']:#.3g}".rstrip("."),
+                     comma(r["bits_per_iteration"]), f"{r['test_accuracy']:.3f}"))
+    return _md(("method", "HPD error vs LSD++, paper (FEMNIST)", "ours, paired ± s.e.", "ours, independent chains",
+                "ours vs NUTS ± s.e.", "rel. efficiency, paper", "ours, paper's formula", "ours, encoded bits",
+                "bits / iteration", "test accuracy"), rows)
+
+
+#: The rows and columns of the "No tuning" table (``benchmarks/auto_step.py``'s ``SAMPLERS`` and
+#: ``PROBLEMS``).
+AUTO_STEP_SAMPLERS = ("sgld", "psgld", "qlsd#", "qlsd*", "lsd*", "qlsd++", "lsd++", "fa-hmc", "fa-ld", "dsgld",
+                      "cg-dsgld taylor", "cg-dsgld laplace", "cg-dsgld sgld", "dg-sgld", "qlsd++ whiten = false")
+AUTO_STEP_PROBLEMS = ("hospitals", "banks", "births", "births-raw", "diamonds")
+
+
+def auto_step_cell(r: dict | None) -> str:
+    """A cell of the "No tuning" table: W1/sd, with the run's own verdict when it did not pass its
+    posterior check; empty when not run."""
+    if r is None:
+        return ""
+    if "refused" in r:
+        return "diverged" if r["refused"].startswith("DivergenceError") else "refused"
+    verdict = {True: "", False: " (check failed)", None: f" (R-hat {r['max_rhat']:.2f})"}[r["posterior_check"]]
+    return f"{r['w1_over_sd']:.3f}{verdict}"
+
+
+@_table("auto_step", "docs/figures/auto_step.json")
+def _auto_step(records: dict) -> list[str]:
+    problems = [p for p in AUTO_STEP_PROBLEMS if p in records]
+    rows = [(label, *(auto_step_cell(records[p].get(label)) for p in problems)) for label in AUTO_STEP_SAMPLERS]
+    return _md_spaced(("sampler", *problems), rows)
+
+
+# --- pages ----------------------------------------------------------------------------------
+
+def _load(root: Path, source: str):
+    return json.loads((root / source).read_text())
+
+
+def render(name: str, root: str | Path = ".") -> str:
+    """The Markdown of one table, rendered from its results files.
+
+    Parameters
+    ----------
+    name
+        A key of :data:`TABLES`.
+    root
+        The repository's root (the sources' paths start there).
+
+    Returns
+    -------
+    str
+        The table's lines, each ending in a newline.
+    """
+    table = TABLES[name]
+    return "\n".join(table.render(*(_load(Path(root), s) for s in table.sources))) + "\n"
+
+
+def _marker(name: str) -> str:
+    return f"<!-- table: {name}, from {', '.join(TABLES[name].sources)} -->"
+
+
+def update(text: str, root: str | Path = ".") -> str:
+    """A page's text with every marked table rendered anew (:func:`render`); the rest unchanged.
+
+    Parameters
+    ----------
+    text
+        The page's Markdown.
+    root
+        The repository's root.
+
+    Returns
+    -------
+    str
+        ``text`` with each block between ``<!-- table: NAME ... -->`` and ``<!-- /table -->``
+        replaced by table ``NAME``.
+
+    Raises
+    ------
+    KeyError
+        For a marked name that :data:`TABLES` does not hold.
+    """
+    def replace(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in TABLES:
+            raise KeyError(f"table {name!r} is marked in the page but not in fedmcmc.app.tables.TABLES")
+        return f"{_marker(name)}\n{render(name, root)}<!-- /table -->"
+    return _MARKED.sub(replace, text)
+
+
+def marked(text: str) -> list[str]:
+    """The names of the tables marked in a page's text, in order."""
+    return [m.group(1) for m in _MARKED.finditer(text)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Rewrite the marked tables of :data:`PAGES` in place (``--check``: only report stale ones).
+
+    Parameters
+    ----------
+    argv
+        The arguments: ``[--check] [ROOT]`` (the repository's root; default the current folder).
+
+    Returns
+    -------
+    int
+        0, or 1 with ``--check`` when a page is stale.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    check = "--check" in args
+    args = [a for a in args if a != "--check"]
+    root = Path(args[0] if args else ".")
+    stale = []
+    for page in PAGES:
+        path = root / page
+        text = path.read_text()
+        new = update(text, root)
+        if new != text:
+            stale.append(page)
+            if not check:
+                path.write_text(new)
+    if check and stale:
+        print(f"stale tables in {', '.join(stale)}; regenerate with `{COMMAND}`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
