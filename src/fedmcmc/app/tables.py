@@ -21,6 +21,7 @@ Regenerate the tables with (from the repository's root)::
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -129,6 +130,71 @@ def _qlsd_logistic(results: dict) -> list[str]:
     return _md(("method", "HPD error vs LSD++, paper (FEMNIST)", "ours, paired ± s.e.", "ours, independent chains",
                 "ours vs NUTS ± s.e.", "rel. efficiency, paper", "ours, paper's formula", "ours, encoded bits",
                 "bits / iteration", "test accuracy"), rows)
+
+
+def _minus(text: str) -> str:
+    return text.replace("-", "−")
+
+
+@_table("qlsd_memory", "docs/figures/qlsd_memory.json")
+def _qlsd_memory(results: dict) -> list[str]:
+    def label(method):
+        return "LSD++ (no compression)" if method == "LSD++" else method.replace("s=", "s = ")
+
+    def relative(x, se):
+        digits = 3 if x < 1 else 2
+        return f"{x:.{digits}f} ± {se:.{digits}f}"
+
+    def ratios(values):
+        digits = 3 if max(values) < 1.1 else 2
+        return ", ".join(f"{v:.{digits}f}" for v in values)
+
+    rows = [(label(m), pm(r["variance_error"], r["variance_error_se"], 3),
+             relative(r["relative_variance_error"], r["relative_variance_error_se"]),
+             ratios(r["variance_ratio_to_reference"]), comma(r["bits_per_iteration"]))
+            for m, r in results["methods"].items()]
+    return _md(("method", "‖v − v_MALA‖ at K = 100,000 (± s.e. over 10 chains)", "relative error",
+                "variance / MALA (theta_1, theta_2)", "bits / round (encoded)"), rows)
+
+
+@_table("qlsd_big_data", "docs/figures/qlsd_big_data.json")
+def _qlsd_big_data(results: dict) -> list[str]:
+    methods = results["methods"]
+    sharp, star, pp = methods["QLSD#"], methods["QLSD*"], methods["QLSD++"]
+    rows = [(comma(a["N"]), sci(a["step_size"]), f"{a['bias']:.3f} ± {a['bias_se']:.3f}", f"{a['relative_bias']:.3g}",
+             pm(b["bias"], b["bias_se"], 3), f"{b['relative_bias']:.3g}", pm(c["bias"], c["bias_se"], 3),
+             f"{c['relative_bias']:.3g}") for a, b, c in zip(sharp, star, pp)]
+    fits = results["fits"]
+    slope = [_minus(f"{fits[m]['slope_vs_N']:.3f} ± {fits[m]['slope_vs_N_se']:.3f}") for m in ("QLSD#", "QLSD*", "QLSD++")]
+    rows.append(("log-log slope of b_2 against N", "", slope[0], "", slope[1], "", slope[2], ""))
+    lines = _md(("N", "gamma", "QLSD# b_2", "QLSD# b_2 / (d/N)", "QLSD* b_2", "QLSD* b_2 / (d/N)", "QLSD++ b_2",
+                 "QLSD++ b_2 / (d/N)"), rows)
+    return lines[:-1] + [lines[-1].replace("|  |", "| |")]
+
+
+@_table("cgdsgld_gaussian_mean", "docs/figures/cgdsgld_gaussian_mean.json")
+def _cgdsgld_gaussian_mean(results: dict) -> list[str]:
+    rows = [(k, pm(r["DSGLD"]["mse"], r["DSGLD"]["mse_se"], 3), pm(r["CG-DSGLD"]["mse"], r["CG-DSGLD"]["mse_se"], 3),
+             f"{r['DSGLD']['sample_variance']:.2g}", f"{r['CG-DSGLD']['sample_variance']:.2g}")
+            for k, r in results["local_updates"].items()]
+    return _md(("local updates per visit", "DSGLD MSE", "CG-DSGLD MSE", "DSGLD sample variance",
+                "CG-DSGLD sample variance"), rows)
+
+
+@_table("fahmc_local_steps", "docs/figures/fahmc_local_steps.json")
+def _fahmc_local_steps(results: dict) -> list[str]:
+    runs = results["local_steps"]
+    levels = list(next(iter(runs.values()))["rounds_to_reach"])
+    best = {eps: min(float(r["rounds_to_reach"][eps]) for r in runs.values()) for eps in levels}
+
+    def reached(eps, value):
+        if not math.isfinite(float(value)):  # "inf": the online ME never reached eps
+            return "not reached"
+        return f"**{value:,.0f}**" if value == best[eps] else f"{value:,.0f}"
+
+    rows = [(t, comma(r["rounds"]), *(reached(eps, r["rounds_to_reach"][eps]) for eps in levels),
+             f"{r['final_me']:.3f}") for t, r in runs.items()]
+    return _md(("T", "rounds run", *(f"R_{eps}" for eps in levels), "ME at the last round"), rows)
 
 
 #: The rows and columns of the "No tuning" table (``benchmarks/auto_step.py``'s ``SAMPLERS`` and
