@@ -77,9 +77,11 @@ def comma(x: float) -> str:
 
 
 def _md(header: Sequence[str], rows) -> list[str]:
-    """A table in the ``|---|---|`` style."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
-           ["| " + " | ".join(row) + " |" for row in rows]
+    """A table in the ``|---|---|`` style (an empty cell is ``| |``)."""
+    def line(cells):
+        return "| " + " | ".join(cells) + " |"
+    return [line(header), "|" + "---|" * len(header)] + \
+           [line(row).replace("|  |", "| |").replace("|  |", "| |") for row in rows]
 
 
 def _md_spaced(header: Sequence[str], rows) -> list[str]:
@@ -167,9 +169,8 @@ def _qlsd_big_data(results: dict) -> list[str]:
     fits = results["fits"]
     slope = [_minus(f"{fits[m]['slope_vs_N']:.3f} ± {fits[m]['slope_vs_N_se']:.3f}") for m in ("QLSD#", "QLSD*", "QLSD++")]
     rows.append(("log-log slope of b_2 against N", "", slope[0], "", slope[1], "", slope[2], ""))
-    lines = _md(("N", "gamma", "QLSD# b_2", "QLSD# b_2 / (d/N)", "QLSD* b_2", "QLSD* b_2 / (d/N)", "QLSD++ b_2",
-                 "QLSD++ b_2 / (d/N)"), rows)
-    return lines[:-1] + [lines[-1].replace("|  |", "| |")]
+    return _md(("N", "gamma", "QLSD# b_2", "QLSD# b_2 / (d/N)", "QLSD* b_2", "QLSD* b_2 / (d/N)", "QLSD++ b_2",
+                "QLSD++ b_2 / (d/N)"), rows)
 
 
 @_table("cgdsgld_gaussian_mean", "docs/figures/cgdsgld_gaussian_mean.json")
@@ -195,6 +196,69 @@ def _fahmc_local_steps(results: dict) -> list[str]:
     rows = [(t, comma(r["rounds"]), *(reached(eps, r["rounds_to_reach"][eps]) for eps in levels),
              f"{r['final_me']:.3f}") for t, r in runs.items()]
     return _md(("T", "rounds run", *(f"R_{eps}" for eps in levels), "ME at the last round"), rows)
+
+
+#: The step sizes and quantiser levels of the ``qlsd-omega`` table (the file holds more levels).
+OMEGA_STEPS = ("0.00049", "4.9e-05", "4.9e-06")
+OMEGA_LEVELS = (1, 2, 4, 8, 16, 256)
+
+
+@_table("qlsd_omega", "docs/figures/qlsd_omega.json")
+def _qlsd_omega(results: dict) -> list[str]:
+    forms = [results["closed_form"][g] for g in OMEGA_STEPS]
+    by_level = [{r["levels"]: r for r in form["rows"]} for form in forms]
+
+    def delta(x):
+        return f"{x:.3g}" if x >= 0.1 else sci(x, 3)
+
+    rows = []
+    for s in OMEGA_LEVELS:
+        first = by_level[0][s]
+        rows.append((str(s), f"{first['omega']:.3g}", f"{first['kappa_bar'] / first['omega']:.3g}",
+                     *(delta(level[s]["relative_delta"]) for level in by_level),
+                     *(sci(level[s]["norm_bias2"]) for level in by_level)))
+    rows.append(("LSD*", "0", "", "0", "0", "0", *(sci(form["lsd_norm_bias2"], 3) for form in forms)))
+    return _md(("s", "omega", "kappa_bar / omega", "Delta/(d/N), gamma = 4.9e-4", "4.9e-5", "4.9e-6",
+                "bias² of E‖theta‖, 4.9e-4", "4.9e-5", "4.9e-6"), rows)
+
+
+#: The dimensions of the ``fahmc-dimension`` table (the file holds all 21).
+DIMENSION_ROWS = ("2", "50", "100", "200", "500", "750", "1000")
+
+
+@_table("fahmc_dimension", "docs/figures/fahmc_dimension.json")
+def _fahmc_dimension(results: dict) -> list[str]:
+    ratio = results["fit"]["exact"]["ratio"]
+    rows = [(d, f"{r['step_size']:.4f}", comma(r["exact_rounds"]), comma(r["rounds"]) if "rounds" in r else "",
+             comma(round(ratio[d], -3))) for d, r in ((d, results["dims"][d]) for d in DIMENSION_ROWS)]
+    return _md(("d", "eta", "t_eps/T exact", "sampled (200 runs)", "(t_eps/T)^2 / d, exact"), rows)
+
+
+def _mean_se(x: float, se: float) -> str:
+    """``x ± se`` to the decimals that show ``se`` to one or two digits: ``7.2 ± 1.6``, ``229 ± 59``."""
+    digits = 0 if se >= 10 else 1 if se >= 1 else -math.floor(math.log10(se))
+    return f"{x:,.{digits}f} ± {se:,.{digits}f}"
+
+
+@_table("cgdsgld_linear_regression", "docs/figures/cgdsgld_linear_regression.json")
+def _cgdsgld_linear_regression(results: dict) -> list[str]:
+    rows = []
+    for name, data in results["datasets"].items():
+        large = data["exact_posterior_test_mse"]["mean"] > 1000  # diabetes: the target's units are larger
+
+        def mse(x):
+            return f"{x:.0f}" if large else f"{x:.2f}"
+
+        def var(x):
+            return comma(x) if large else f"{x:.1f}"
+
+        exact = data["exact_posterior_test_mse"]
+        rows.append((name, "-", "exact posterior", mse(exact["mean"]), var(exact["var"]), "0"))
+        for updates, methods in data["local_updates"].items():
+            rows += [(name, updates, method, mse(r["final_test_mse_mean"]), var(r["final_test_mse_var"]),
+                      _mean_se(r["excess_over_exact_mean"], r["excess_over_exact_se"])) for method, r in methods.items()]
+    return _md(("data", "local updates", "method", "test MSE (mean over seeds)", "variance over seeds",
+                "excess over exact"), rows)
 
 
 #: The rows and columns of the "No tuning" table (``benchmarks/auto_step.py``'s ``SAMPLERS`` and
