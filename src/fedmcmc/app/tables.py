@@ -261,6 +261,48 @@ def _cgdsgld_linear_regression(results: dict) -> list[str]:
                 "excess over exact"), rows)
 
 
+def _bold_if(text: str, bold: bool) -> str:
+    return f"**{text}**" if bold else text
+
+
+def _fahmc_vs_fald_columns(results: dict, noise: str):
+    """Per step size, FA-HMC's and FA-LD's runs and the gain, and each method's best step size."""
+    runs = results["by_step_size"][noise]
+    best = {m: min(runs[m], key=lambda eta: runs[m][eta]["me"]) for m in ("FA-HMC", "FA-LD")}
+    return runs, results["summary"][noise]["gain_by_step_size"], best
+
+
+@_table("fahmc_vs_fald", "docs/figures/fahmc_vs_fald.json")
+def _fahmc_vs_fald(results: dict) -> list[str]:
+    def me(r, bold):
+        return _bold_if(f"{r['me']:.3f} +- {r['me_se']:.1g}", bold)
+
+    def gain(g):
+        return f"{100 * g['relative']:.0f}% +- {100 * g['se']:.1f}%"
+
+    columns = [_fahmc_vs_fald_columns(results, noise) for noise in ("exact", "noisy")]
+    rows = []
+    for eta, hmc in columns[0][0]["FA-HMC"].items():
+        cells = [eta, str(hmc["num_leapfrog"])]
+        for runs, gains, best in columns:
+            cells += [me(runs["FA-HMC"][eta], best["FA-HMC"] == eta), me(runs["FA-LD"][eta], best["FA-LD"] == eta),
+                      gain(gains[eta])]
+        rows.append(cells)
+    return _md(("eta", "K", "FA-HMC exact", "FA-LD exact", "gain", "FA-HMC noisy", "FA-LD noisy", "gain"), rows)
+
+
+@_table("fahmc_vs_fald_d10", "docs/figures/fahmc_vs_fald_d10.json")
+def _fahmc_vs_fald_d10(results: dict) -> list[str]:
+    def me(r, bold):
+        digits = 4 if bold else 3
+        return _bold_if(f"{r['me']:.{digits}f} +- {r['me_se']:.{digits}f}", bold)
+
+    runs, gains, best = _fahmc_vs_fald_columns(results, "noisy")
+    rows = [(eta, str(hmc["num_leapfrog"]), me(hmc, best["FA-HMC"] == eta), me(runs["FA-LD"][eta], best["FA-LD"] == eta),
+             f"{100 * gains[eta]['relative']:.0f}% +- {100 * gains[eta]['se']:.0f}%") for eta, hmc in runs["FA-HMC"].items()]
+    return _md(("eta", "K", "FA-HMC", "FA-LD", "gain"), rows)
+
+
 #: The rows and columns of the "No tuning" table (``benchmarks/auto_step.py``'s ``SAMPLERS`` and
 #: ``PROBLEMS``).
 AUTO_STEP_SAMPLERS = ("sgld", "psgld", "qlsd#", "qlsd*", "lsd*", "qlsd++", "lsd++", "fa-hmc", "fa-ld", "dsgld",
