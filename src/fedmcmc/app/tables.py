@@ -303,6 +303,63 @@ def _fahmc_vs_fald_d10(results: dict) -> list[str]:
     return _md(("eta", "K", "FA-HMC", "FA-LD", "gain"), rows)
 
 
+def _step(x: float) -> str:
+    """A step size as the pages write it: ``1.2e-3``, ``6e-4``."""
+    return sci(x).replace(".0e", "e")
+
+
+_METRICS = ("accuracy", "brier", "ece", "nll")
+
+
+def _fahmc_bma_rows(results: dict, spread: bool, label: Callable[[dict], str]) -> list[tuple[str, ...]]:
+    """The rows of the FA-HMC Fashion-MNIST tables: per (K, T) the pilot, the BMA's metrics after
+    the last round (bold: the best of a sweep, ``results["groups"]``) and the rounds to accuracies."""
+    runs = results["runs"]
+    best = set()
+    for group in results["groups"].values():
+        for metric in _METRICS:
+            pick = max if metric == "accuracy" else min
+            best.add((pick(group, key=lambda name: runs[name]["final"][metric]["mean"]), metric))
+
+    def metric(name, key):
+        final = runs[name]["final"][key]
+        text = f"{final['mean']:.4f} +- {final['sd']:.4f}" if spread else f"{final['mean']:.4f}"
+        return _bold_if(text, (name, key) in best)
+
+    def rounds(value):
+        return f"{float(value):.0f}" if math.isfinite(float(value)) else "-"
+
+    rows = []
+    for name, r in runs.items():
+        pilot = " / ".join(f"{v:.2f}" for v in r["pilot_nll"].values())
+        rows.append((label(r), str(r["local_steps"]), f"{_step(r['step_size'])} ({pilot})",
+                     *(metric(name, key) for key in _METRICS),
+                     " / ".join(rounds(v) for v in r["rounds_to_accuracy"].values())))
+    return rows
+
+
+def _pilots(results: dict) -> str:
+    return " / ".join(_step(float(eta)) for eta in next(iter(results["runs"].values()))["pilot_nll"])
+
+
+def _accuracies(results: dict) -> str:
+    return " / ".join(f"{float(a):.2f}" for a in next(iter(results["runs"].values()))["rounds_to_accuracy"])
+
+
+@_table("fahmc_logistic", "docs/figures/fahmc_logistic.json")
+def _fahmc_logistic(results: dict) -> list[str]:
+    rows = _fahmc_bma_rows(results, True, lambda r: str(r["num_leapfrog"]))
+    return _md(("K", "T", f"eta (pilot NLL at {_pilots(results)})", "accuracy", "Brier", "ECE", "NLL",
+                f"rounds to accuracy {_accuracies(results)}"), rows)
+
+
+@_table("fahmc_mlp", "docs/figures/fahmc_mlp.json")
+def _fahmc_mlp(results: dict) -> list[str]:
+    rows = _fahmc_bma_rows(results, False, lambda r: "1 (FA-LD)" if r["num_leapfrog"] == 1 else str(r["num_leapfrog"]))
+    return _md(("K", "T", f"eta (pilot NLL at {_pilots(results)})", "accuracy", "Brier", "ECE", "NLL",
+                f"rounds to accuracy {_accuracies(results)}"), rows)
+
+
 #: The rows and columns of the "No tuning" table (``benchmarks/auto_step.py``'s ``SAMPLERS`` and
 #: ``PROBLEMS``).
 AUTO_STEP_SAMPLERS = ("sgld", "psgld", "qlsd#", "qlsd*", "lsd*", "qlsd++", "lsd++", "fa-hmc", "fa-ld", "dsgld",
