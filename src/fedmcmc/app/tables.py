@@ -360,6 +360,58 @@ def _fahmc_mlp(results: dict) -> list[str]:
                 f"rounds to accuracy {_accuracies(results)}"), rows)
 
 
+@_table("qlsd_bnn_heterogeneous", "docs/figures/qlsd_bnn_heterogeneous.json")
+def _qlsd_bnn_heterogeneous(results: dict) -> list[str]:
+    papers = results["paper_table_s2"]
+    rows = []
+    for method, r in results["methods"].items():
+        paper = papers.get(method.replace(" (warm)", ""))  # the warm start is FSGLD's row of the paper
+        acc, ece, brier, nll = (f"{paper[0]:.1f}", f"{paper[1]:#.3g}", f"{paper[2]:.2f}", f"{paper[3]:.2f}") \
+            if paper else ("—",) * 4
+        gradients = f"{r['point_gradients_per_iteration']:.0f} ({r['point_gradients_total'] / 1e6:.2f} M"
+        if r["warm_start_point_gradients"]:
+            gradients += f", incl. {r['warm_start_point_gradients'] / 1e6:.2f} M warm start"
+        upload = f"{r['upload_bits_per_chain'] / 1e6:.0f}"
+        if r["setup_bits_per_chain"]:
+            upload += f" (incl. {r['setup_bits_per_chain'] / 1e6:.0f} setup)"
+        rows.append(("DSGLD (diagnostic)" if method == "DSGLD" else method, acc, f"{100 * r['accuracy']:.1f}", ece,
+                     f"{100 * r['ece']:.2f}", brier, f"{100 * r['brier']:.1f}", nll, f"{100 * r['nll']:.1f}",
+                     f"{r['ood_auroc']:.3f}", gradients + ")", upload))
+    return _md(("method", "paper acc (%)", "ours acc (%)", "paper 100 ECE", "ours 100 ECE", "paper 100 Brier",
+                "ours 100 Brier", "paper 100 NLL", "ours 100 NLL", "ours OOD AUROC",
+                "point gradients / iteration (total)", "upload Mbit"), rows)
+
+
+#: The ``cgdsgld-mlp`` table's method labels, and the cells it sets in bold (the collapse of
+#: DSGLD on non-IID shards, the paper's and ours).
+MLP_LABELS = {"SGLD": "SGLD (centralised)", "DSGLD": "DSGLD", "FSGLD": "FSGLD (CG-DSGLD)"}
+MLP_BOLD = ("Beta(0.5, 0.5)", "DSGLD")
+
+
+@_table("cgdsgld_mlp", "docs/figures/cgdsgld_mlp.json")
+def _cgdsgld_mlp(results: dict) -> list[str]:
+    def cell(x):
+        return f"{x['mean']:.3f} ± {x['se']:.3f}"
+
+    rows = []
+    for shares, partition in results["partitions"].items():
+        for method, r in partition["methods"].items():
+            bold = (shares, method) == MLP_BOLD
+            paper = results["paper_table_1"].get(shares, {}).get(method)
+            if paper:
+                (train, train_sd), (test, test_sd) = paper["train"], paper["test"]
+                paper_cell = f"{train:.2f} ± {train_sd:g} / {_bold_if(f'{test:.2f} ± {test_sd:g}', bold)}"
+            else:
+                paper_cell = "—"
+            acc = r["test_accuracy"]
+            rows.append((shares, MLP_LABELS[method], paper_cell, cell(r["train_log_likelihood_per_draw"]),
+                         _bold_if(cell(r["test_log_likelihood_per_draw"]), bold), cell(r["train_log_likelihood"]),
+                         cell(r["test_log_likelihood"]), cell(acc), f"{acc['diverged']}/{len(acc['per_seed'])}"))
+    return _md(("label shares", "method", "paper train / test (mean ± s.d., 10 runs)", "ours train, per draw",
+                "ours test, per draw", "ours train, BMA", "ours test, BMA", "ours test accuracy (BMA)", "diverged"),
+               rows)
+
+
 #: The rows and columns of the "No tuning" table (``benchmarks/auto_step.py``'s ``SAMPLERS`` and
 #: ``PROBLEMS``).
 AUTO_STEP_SAMPLERS = ("sgld", "psgld", "qlsd#", "qlsd*", "lsd*", "qlsd++", "lsd++", "fa-hmc", "fa-ld", "dsgld",
