@@ -412,6 +412,21 @@ def _cgdsgld_mlp(results: dict) -> list[str]:
                rows)
 
 
+@_table("fahmc_local_steps_law", "docs/figures/fahmc_local_steps.json")
+def _fahmc_local_steps_law(results: dict) -> list[str]:
+    law = results["gaussian_exact"]
+
+    def rounds(value):
+        return comma(float(value)) if math.isfinite(float(value)) else "not reached"
+
+    def w2(x):
+        return sci(x) if x < 0.01 else f"{x:#.2g}"
+
+    return _md(("T (leapfrog steps)", *(comma(int(t)) for t in law)),
+               [("R_0.1", *(rounds(r["rounds_to_eps"]) for r in law.values())),
+                ("stationary W2^2", *(w2(r["stationary_w2_squared"]) for r in law.values()))])
+
+
 #: The rows and columns of the "No tuning" table (``benchmarks/auto_step.py``'s ``SAMPLERS`` and
 #: ``PROBLEMS``).
 AUTO_STEP_SAMPLERS = ("sgld", "psgld", "qlsd#", "qlsd*", "lsd*", "qlsd++", "lsd++", "fa-hmc", "fa-ld", "dsgld",
