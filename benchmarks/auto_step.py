@@ -20,7 +20,9 @@ reference divided by the reference's standard deviation (``W1/sd``), on the stor
 
     PYTHONPATH=src python benchmarks/auto_step.py OUT_DIR [--problems P ...] [--samplers S ...]
 
-Writes ``OUT_DIR/auto_step.json`` (one record per problem and sampler) and prints the table.
+Writes ``OUT_DIR/auto_step.json`` (one record per problem and sampler, each naming the commit that
+ran it; ``meta`` holds the last invocation's provenance) and prints the table of docs/reproductions.md
+(:mod:`fedmcmc.app.tables` renders it, there from the committed ``docs/figures/auto_step.json``).
 """
 
 from __future__ import annotations
@@ -145,7 +147,8 @@ def main() -> None:
     args = parser.parse_args()
     path = args.out / "auto_step.json"
     records = json.loads(path.read_text()) if path.is_file() else {}
-    records["meta"] = {"provenance": provenance.record(), "run": RUN, "nuts": NUTS}
+    prov = provenance.record()  # of this invocation; each record it writes names its commit (records merge over runs)
+    records["meta"] = {"provenance": prov, "run": RUN, "nuts": NUTS}
     for problem in args.problems:
         folder, base = problem_config(args.out, problem)
         ref = nuts_reference(folder, base)
@@ -156,7 +159,7 @@ def main() -> None:
         for label in args.samplers:
             result = run_one(folder, base, SAMPLERS[label], args.out / problem / label.replace(" ", "_"),
                              ref["draws"])
-            rec[label] = result
+            rec[label] = {**result, "commit": prov["commit"]}
             shown = result.get("refused") or f"W1/sd {result['w1_over_sd']:.3f}, check {result['posterior_check']}"
             print(f"  {label:24s} {shown} ({result['seconds']:.0f} s)", flush=True)
             path.write_text(json.dumps(records, indent=1, default=str))
