@@ -42,7 +42,13 @@ def _jax() -> dict:
         import jax
     except ImportError:
         return {"jax": None, "backend": None}
-    return {"jax": jax.__version__, "backend": jax.default_backend()}
+    try:  # a writer must not be what starts XLA (fedmcmc's processes start it with one thread first)
+        from jax._src import xla_bridge
+
+        started = xla_bridge.backends_are_initialized()
+    except (ImportError, AttributeError):
+        started = True
+    return {"jax": jax.__version__, "backend": jax.default_backend() if started else None}
 
 
 @functools.lru_cache(maxsize=1)
@@ -69,6 +75,6 @@ def record() -> dict:
         ``commit`` (the checkout's ``HEAD``, or ``"unknown"``), ``dirty`` (tracked files changed
         since it; None outside a checkout), ``version`` (the package's) and ``machine``: the
         ``platform``, ``processor``, ``cores``, ``memory_bytes``, ``python``, ``jax`` version and
-        JAX's default ``backend``.
+        JAX's default ``backend`` (None when JAX has not started in this process).
     """
     return {**_code(), "machine": _machine()}
