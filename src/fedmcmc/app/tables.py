@@ -13,7 +13,7 @@ the table's Markdown lines from their contents. The prose around a table is the 
 ``tests/app/test_tables.py`` checks that every marked table is what its entry renders from the
 committed files.
 
-Regenerate the tables with (from the repository's root)::
+Regenerate the tables with (from the repository's root; ``--check`` only reports stale ones)::
 
     python -m fedmcmc.app.tables
 """
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
-__all__ = ["PAGES", "TABLES", "Table", "render", "update", "main"]
+__all__ = ["PAGES", "TABLES", "Table", "render", "update", "marked", "main", "sci", "pm", "comma"]
 
 #: The pages whose marked tables are generated, from the repository's root.
 PAGES = ("docs/reproductions.md", "docs/benchmarks.md")
@@ -59,20 +59,59 @@ def _table(name: str, *sources: str):
 # --- number formats -------------------------------------------------------------------------
 
 def sci(x: float, sig: int = 2) -> str:
-    """``x`` in scientific notation with ``sig`` significant digits: ``2.78e-2``."""
+    """A number in scientific notation, as the pages write it.
+
+    Parameters
+    ----------
+    x
+        The number.
+    sig
+        Significant digits.
+
+    Returns
+    -------
+    str
+        For example ``2.78e-2`` (no ``+`` and no leading zero in the exponent).
+    """
     mantissa, exponent = f"{x:.{sig - 1}e}".split("e")
     return f"{mantissa}e{int(exponent)}"
 
 
 def pm(x: float, se: float, sig: int = 2, sep: str = "±") -> str:
-    """``x ± se`` in the exponent of ``x``: ``5.2e-5 ± 1.4e-5``, ``2.9e-2 ± 0.2e-2``."""
+    """A value and its standard error, both in the exponent of the value.
+
+    Parameters
+    ----------
+    x, se
+        The value and its standard error.
+    sig
+        Significant digits of ``x``; ``se`` gets as many decimals.
+    sep
+        Between the two.
+
+    Returns
+    -------
+    str
+        For example ``5.2e-5 ± 1.4e-5`` or ``2.9e-2 ± 0.2e-2``.
+    """
     exponent = int(sci(x, sig).split("e")[1])
     scale = 10.0 ** exponent
     return f"{x / scale:.{sig - 1}f}e{exponent} {sep} {se / scale:.{sig - 1}f}e{exponent}"
 
 
 def comma(x: float) -> str:
-    """``x`` rounded to an integer, with thousands separators: ``1,254,400``."""
+    """A number rounded to an integer, with thousands separators.
+
+    Parameters
+    ----------
+    x
+        The number.
+
+    Returns
+    -------
+    str
+        For example ``1,254,400``.
+    """
     return f"{round(x):,}"
 
 
@@ -435,8 +474,19 @@ AUTO_STEP_PROBLEMS = ("hospitals", "banks", "births", "births-raw", "diamonds")
 
 
 def auto_step_cell(r: dict | None) -> str:
-    """A cell of the "No tuning" table: W1/sd, with the run's own verdict when it did not pass its
-    posterior check; empty when not run."""
+    """A cell of the "No tuning" table.
+
+    Parameters
+    ----------
+    r
+        One record of ``auto_step.json`` (a problem and a sampler), or None when not run.
+
+    Returns
+    -------
+    str
+        W1/sd, with the run's own verdict when it did not pass its posterior check; ``refused`` or
+        ``diverged``; empty when not run.
+    """
     if r is None:
         return ""
     if "refused" in r:
@@ -511,7 +561,18 @@ def update(text: str, root: str | Path = ".") -> str:
 
 
 def marked(text: str) -> list[str]:
-    """The names of the tables marked in a page's text, in order."""
+    """The tables a page marks.
+
+    Parameters
+    ----------
+    text
+        The page's Markdown.
+
+    Returns
+    -------
+    list of str
+        The names of its marked tables, in order.
+    """
     return [m.group(1) for m in _MARKED.finditer(text)]
 
 
