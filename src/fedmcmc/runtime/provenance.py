@@ -55,7 +55,9 @@ def _jax() -> dict:
 def _code() -> dict:
     from fedmcmc import __version__
 
-    commit = _git("rev-parse", "HEAD")
+    # the package's own checkout: an installed copy inside some other repository is not one
+    tracked = _git("ls-files", "--error-unmatch", "__init__.py") is not None
+    commit = _git("rev-parse", "HEAD") if tracked else None
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
     return {"commit": commit.strip() if commit else "unknown", "dirty": None if status is None else bool(status.strip()),
             "version": __version__}
