@@ -20,27 +20,27 @@ reference divided by the reference's standard deviation (``W1/sd``), on the stor
 
     PYTHONPATH=src python benchmarks/auto_step.py OUT_DIR [--problems P ...] [--samplers S ...]
 
-Writes ``OUT_DIR/auto_step.json`` (one record per problem and sampler) and prints the table.
+Writes ``OUT_DIR/auto_step.json`` (one record per problem and sampler, each naming the commit that
+ran it; ``meta`` holds the last invocation's provenance) and prints the table of docs/reproductions.md
+(:mod:`fedmcmc.app.tables` renders it, there from the committed ``docs/figures/auto_step.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import time
 import tomllib
 from pathlib import Path
 
 import numpy as np
 
-from fedmcmc.app import config, examples
+from fedmcmc.app import config, examples, tables
 from fedmcmc.estimators import approximation, gradients
 from fedmcmc.evaluation import reference
 from fedmcmc.evaluation.distances import wasserstein1
 from fedmcmc.models.whitened import whitened, whitening
-from fedmcmc.runtime import io
+from fedmcmc.runtime import io, provenance
 
 #: Problem -> (example, its config file, changes to its [data]).
 PROBLEMS = {
@@ -69,6 +69,8 @@ SAMPLERS = {
     "dg-sgld": {"name": "dg-sgld", "rho": "auto", "num_local_steps": 10},
     "qlsd++ whiten = false": {"name": "qlsd++", "compression": {"bits": 8}, "batch_fraction": 0.1, "whiten": False},
 }
+# the rows and columns of docs/reproductions.md's table, which fedmcmc.app.tables renders
+assert tuple(SAMPLERS) == tables.AUTO_STEP_SAMPLERS and tuple(PROBLEMS) == tables.AUTO_STEP_PROBLEMS
 RUN = {"seed": 0, "num_chains": 4, "num_iterations": 20000, "burn_in": 2000, "thinning": 10}
 #: NUTS reference: draws per chain, chains, warm-up steps.
 NUTS = (2000, 4, 1000)
@@ -145,10 +147,8 @@ def main() -> None:
     args = parser.parse_args()
     path = args.out / "auto_step.json"
     records = json.loads(path.read_text()) if path.is_file() else {}
-    records["meta"] = {"commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                text=True).stdout.strip(),
-                       "machine": f"{platform.processor() or platform.machine()}, {platform.system()}",
-                       "run": RUN, "nuts": NUTS}
+    prov = provenance.record()  # of this invocation; each record it writes names its commit (records merge over runs)
+    records["meta"] = {"provenance": prov, "run": RUN, "nuts": NUTS}
     for problem in args.problems:
         folder, base = problem_config(args.out, problem)
         ref = nuts_reference(folder, base)
@@ -159,29 +159,16 @@ def main() -> None:
         for label in args.samplers:
             result = run_one(folder, base, SAMPLERS[label], args.out / problem / label.replace(" ", "_"),
                              ref["draws"])
-            rec[label] = result
+            rec[label] = {**result, "commit": prov["commit"]}
             shown = result.get("refused") or f"W1/sd {result['w1_over_sd']:.3f}, check {result['posterior_check']}"
             print(f"  {label:24s} {shown} ({result['seconds']:.0f} s)", flush=True)
             path.write_text(json.dumps(records, indent=1, default=str))
     table(records)
 
 
-def cell(r: dict | None) -> str:
-    """A table cell: W1/sd, with the run's own verdict when it did not pass its posterior check."""
-    if r is None:
-        return ""
-    if "refused" in r:
-        return "diverged" if r["refused"].startswith("DivergenceError") else "refused"
-    verdict = {True: "", False: " (check failed)", None: f" (R-hat {r['max_rhat']:.2f})"}[r["posterior_check"]]
-    return f"{r['w1_over_sd']:.3f}{verdict}"
-
-
 def table(records: dict) -> None:
-    problems = [p for p in PROBLEMS if p in records]
-    print("| sampler | " + " | ".join(problems) + " |")
-    print("| --- |" + " --- |" * len(problems))
-    for label in SAMPLERS:
-        print(f"| {label} | " + " | ".join(cell(records[p].get(label)) for p in problems) + " |")
+    """Print the table of docs/reproductions.md, "No tuning" (:mod:`fedmcmc.app.tables`)."""
+    print("\n".join(tables.TABLES["auto_step"].render(records)))
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def test_a_budget_picks_the_clip_and_the_run_records_what_it_met(tmp_path):
     assert main(["run", str(path), "--out", str(tmp_path / "draws"), "--no-progress", "--workers", "1"]) == 0
     results = json.loads((tmp_path / "draws" / "results.json").read_text())
     assert set(results) == {"config", "sampler", "num_draws", "num_stored_draws", "stored_every", "diagnostics", "step",
-                            "privacy", "inputs"}
+                            "privacy", "inputs", "provenance"}  # the commit and machine: no data
     assert results["privacy"]["not_covered"] != record["not_covered"] and results["privacy"]["clip"] == record["clip"]
     assert "seed" not in results["config"]["run"]  # the noise's secret
     with h5netcdf.File(tmp_path / "draws" / "posterior.nc", "r") as f:

@@ -268,8 +268,28 @@ def _jsonable(value):
     return value
 
 
-def write_json(path: str | os.PathLike, payload: Mapping) -> Path:
-    """Write a JSON file atomically (numpy values converted; NaN/inf as strings)."""
+def write_json(path: str | os.PathLike, payload: Mapping, provenance: bool = True) -> Path:
+    """Write a results file as JSON, atomically.
+
+    Parameters
+    ----------
+    path
+        The file to write.
+    payload
+        What it holds (NumPy values are converted, NaN and infinities written as strings).
+    provenance
+        Add the key ``provenance``: the commit and machine that produced the file
+        (:func:`fedmcmc.runtime.provenance.record`), unless ``payload`` has one.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
+    if provenance and "provenance" not in payload:
+        from fedmcmc.runtime import provenance as _provenance
+
+        payload = {**payload, "provenance": _provenance.record()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

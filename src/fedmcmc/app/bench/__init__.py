@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import platform
 import time
 from functools import partial
 from pathlib import Path
@@ -138,7 +137,6 @@ def run(out: Path, quick: bool = False, flower: bool = False) -> dict:
     ds = dsgld_rates(20, 50 if quick else 200)
     payload = {
         "quick": quick,
-        "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
         "workers": cpu.default_workers(),
         "devices": device_bench.measure(star, data, iters),
         "qlsd_star_chain_iterations_per_second": {"ours_30_chains": ours, "ours_30_chains_one_process": ours_one_process,
