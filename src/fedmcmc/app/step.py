@@ -22,6 +22,7 @@ import numpy as np
 from fedmcmc.estimators import curvature as curvature_lib
 from fedmcmc.estimators import approximation, gradients
 from fedmcmc.samplers import REGISTRY
+from fedmcmc.runtime.settings import RunSettings
 from fedmcmc.samplers.steps import Setting, auto_step as rule_step, noise_weights, rounds_per_draw
 
 #: Round budgets and tolerance of the power iterations (lambda_max, then lambda_min).
@@ -82,15 +83,16 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None, whitened
 MIN_ESS = 400
 
 
-def budget(record: dict, run: dict) -> dict:
-    """``{"expected_ess": ...}``: about how many effective draws ``run``'s schedule gives at the
+def budget(record: dict, run: RunSettings) -> dict:
+    """``{"expected_ess": ...}``: about how many effective draws ``run``'s schedule (the config's
+    typed ``[run]``, :class:`fedmcmc.runtime.settings.RunSettings`) gives at the
     step of ``record`` (:func:`fedmcmc.samplers.steps.rounds_per_draw`), over all chains, and
     ``{"rounds_needed": ...}`` for :data:`MIN_ESS` when it gives fewer. Empty without an estimate."""
     per_draw = record.get("rounds_per_draw")
     if not per_draw:
         return {}
-    burn_in, chains = int(run.get("burn_in", 0)), int(run["num_chains"])
-    kept = max(int(run["num_iterations"]) - burn_in, 0)
+    burn_in, chains = run.burn_in, run.num_chains
+    kept = max(run.num_iterations - burn_in, 0)
     expected = min(chains * kept / (2 * per_draw), chains * kept)
     out = {"expected_ess": expected}
     if expected < MIN_ESS:
@@ -98,14 +100,14 @@ def budget(record: dict, run: dict) -> dict:
     return out
 
 
-def budget_warning(record: dict, run: dict) -> str | None:
+def budget_warning(record: dict, run: RunSettings) -> str | None:
     """One line when ``run``'s schedule is too short for the step of ``record`` (:func:`budget`)."""
     if "rounds_needed" not in record:
         return None
     return (f"at this step a chain needs about {record['rounds_per_draw']:.3g} rounds to forget its state "
-            f"(1 / (lambda_min x a round's Langevin time)): num_iterations = {run['num_iterations']} after "
-            f"burn_in = {run.get('burn_in', 0)} gives about {record['expected_ess']:.0f} effective draws over "
-            f"{run['num_chains']} chain(s); for {MIN_ESS}, set num_iterations >= {record['rounds_needed']}")
+            f"(1 / (lambda_min x a round's Langevin time)): num_iterations = {run.num_iterations} after "
+            f"burn_in = {run.burn_in} gives about {record['expected_ess']:.0f} effective draws over "
+            f"{run.num_chains} chain(s); for {MIN_ESS}, set num_iterations >= {record['rounds_needed']}")
 
 
 def describe(record: dict) -> str:
