@@ -119,9 +119,9 @@ def test_the_config_check_and_the_cli_error_are_the_settings_ones():
 
 
 def test_the_schedule_check_is_the_simulators():
-    from fedmcmc.core import checks
+    from fedmcmc.runtime import simulator
 
-    assert checks.check_schedule is check_schedule
+    assert simulator.check_schedule is check_schedule
     assert check_schedule(25_000, 1, 0, 1, None) == 6_250
 
 

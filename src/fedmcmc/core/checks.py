@@ -1,4 +1,5 @@
-"""The checks the builders (samplers, participation schemes) and the drivers (a run's schedule) make of their settings, each written once.
+"""The checks the builders (samplers, participation schemes) make of their settings, each written once
+(a run's schedule: :func:`fedmcmc.runtime.settings.check_schedule`).
 
 Each returns the value in the form the sampler uses, or raises a one-line :class:`ValueError`
 that names the setting, what it got and what to give instead.
@@ -9,8 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from fedmcmc.core.types import Schedule
-# a run's schedule: checked where a config's [run] is read too, with the same rules
-from fedmcmc.runtime.settings import check_schedule, default_chunk  # noqa: F401
 
 
 def step_size(value: Schedule, label: str = "step_size") -> Schedule:

@@ -52,8 +52,9 @@ def default_chunk(num_iterations: int, thinning: int, most: int = 10_000) -> int
 
 
 def check_schedule(num_iterations, num_chains, burn_in, thinning, chunk_size) -> int:
-    """A run's schedule checked (one line naming the problem and the fix); returns the chunk
-    size (default: :func:`default_chunk`).
+    """A run's schedule checked (one line naming the problem and the fix): the check of
+    :func:`fedmcmc.simulate`'s arguments and of :class:`RunSettings`. Returns the chunk size
+    (default: :func:`default_chunk`).
 
     Raises
     ------
