@@ -37,6 +37,11 @@ the mode of QLSD*) or makes from other keys (``compression`` is the ``compressor
 ``probs``, ``surrogate`` and ``surrogate_*`` the CG-DSGLD surrogate), and those its registry
 entry fixes (:attr:`fedmcmc.samplers.Registered.fixed`); it must also set the keys of
 :attr:`~fedmcmc.samplers.Registered.must_set`, which name why.
+
+``[run]`` and ``[flower]`` are typed settings (:class:`fedmcmc.runtime.settings.RunSettings`,
+:class:`~fedmcmc.runtime.settings.FlowerSettings`): :func:`validate` checks every value of both
+and returns them, and the built run carries them (:attr:`Built.settings`) to the simulator and
+to the Flower server and clients.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from fedmcmc.runtime.settings import ConfigError, FlowerSettings, RunSettings, S
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 
-#: Optional sections: the Flower runtime's (docs/flower.md; ignored by ``fedmcmc run``), privacy (app/privacy.py).
+#: Optional sections: the Flower runtime's (docs/flower.md; checked, not used, by ``fedmcmc run``), privacy (app/privacy.py).
 _OPTIONAL = {"flower": set(FlowerSettings.keys()), "privacy": privacy.KEYS}
 
 

@@ -144,8 +144,8 @@ _SECTIONS = {
              "`target_scale`).",
     "sampler": "Every config. `name` and the keys of that sampler (derived from its builder's signature; "
                "`fedmcmc list` prints them too).",
-    "flower": "Optional: the Flower runtime's settings (`fedmcmc flower`; ignored by `fedmcmc run`). "
-              "See docs/flower.md.",
+    "flower": "Optional: the Flower runtime's settings (`fedmcmc flower`; `fedmcmc run` checks them and runs "
+              "without them). See docs/flower.md.",
     "privacy": "Optional: clipping and the (epsilon, delta) the run meets. See docs/privacy.md.",
 }
 

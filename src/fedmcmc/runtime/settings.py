@@ -222,7 +222,7 @@ class RunSettings(_Section):
 
 @dataclass(frozen=True, kw_only=True)
 class FlowerSettings(_Section):
-    """The ``[flower]`` section: the Flower runtime's settings (docs/flower.md; ``fedmcmc run`` ignores them).
+    """The ``[flower]`` section: the Flower runtime's settings (docs/flower.md; ``fedmcmc run`` checks them and runs without them).
 
     Attributes
     ----------
