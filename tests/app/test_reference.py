@@ -4,7 +4,7 @@ every key the config check accepts is described there."""
 from pathlib import Path
 
 from fedmcmc.app import config, inputs, privacy, reference
-from fedmcmc.runtime.flower import settings
+from fedmcmc.runtime.settings import FlowerSettings, RunSettings
 from fedmcmc.samplers import REGISTRY
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "config.md"
@@ -18,6 +18,6 @@ def test_committed_reference_is_generated():
 
 def test_every_accepted_key_is_listed():
     text = reference.markdown()
-    keys = set(config._RUN) | set(inputs.DATA_KEYS) | set(settings.DEFAULTS) | set(privacy.KEYS)
+    keys = set(RunSettings.keys()) | set(inputs.DATA_KEYS) | set(FlowerSettings.keys()) | set(privacy.KEYS)
     keys |= {key for name in REGISTRY for key in config.sampler_keys(name)}
     assert not [key for key in keys if f"`{key}`" not in text]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fedmcmc.app import config
+from fedmcmc.runtime.settings import RunSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -70,7 +71,7 @@ def test_a_long_enough_run_draws_no_budget_warning():
     text = CONFIG.format(sampler="qlsd*", extra="compression = { bits = 4 }")
     built = config.build(tomllib.loads(text.replace("num_iterations = 400", "num_iterations = 20000")))
     assert built.step["expected_ess"] >= step.MIN_ESS and "rounds_needed" not in built.step
-    assert step.budget_warning(built.step, {"num_chains": 2, "num_iterations": 20000}) is None
+    assert step.budget_warning(built.step, RunSettings(num_chains=2, num_iterations=20000)) is None
     given = config.build(tomllib.loads(text.replace('"auto"', "0.001")))
     assert "expected_ess" not in given.step  # a given step is the user's: no estimate
 
@@ -122,7 +123,7 @@ def test_a_dynamic_step_that_cannot_reach_the_draws_says_so():
     text = CONFIG.format(sampler="fa-ld", extra=FA_LD.replace('"auto"', "2"))
     built = config.build(tomllib.loads(text))
     assert built.step["rounds_needed"] is None
-    line = step.budget_warning(built.step, {"num_chains": 2, "num_iterations": 400})
+    line = step.budget_warning(built.step, built.settings.run)
     assert "no run length gives 400" in line and "drop step_decay" in line
 
 

@@ -548,9 +548,9 @@ def test_a_program_is_checked_before_other_processes_can_load_it(tmp_path, monke
 LEAN = """
 import sys
 import fedmcmc, fedmcmc.runtime, fedmcmc.app.flower.apps, fedmcmc.app.flower.worker
-from fedmcmc.runtime.flower.settings import flower_settings
+from fedmcmc.runtime.settings import FlowerSettings
 lean = "jax" not in sys.modules
-print(lean, flower_settings({"flower": {"poll_interval": 0.5}})["round_timeout"], fedmcmc.runtime.simulate is fedmcmc.simulate)
+print(lean, FlowerSettings.from_section({"poll_interval": 0.5}).round_timeout, fedmcmc.runtime.simulate is fedmcmc.simulate)
 """
 
 

@@ -220,7 +220,7 @@ def test_workers_compile_each_program_once():
 
 def test_default_chunks_are_equal_when_they_can_be():
     """One compiled chunk program runs the whole run when equal chunks of at most 10,000 rounds exist."""
-    from fedmcmc.core.checks import default_chunk
+    from fedmcmc.runtime.settings import default_chunk
 
     cases = [(25_000, 1), (20_000, 1), (9_999, 1), (10_007, 1), (100, 10), (10_010, 10), (60_000, 20_000)]
     assert [default_chunk(n, t) for n, t in cases] == [6_250, 10_000, 9_999, 10_000, 100, 10_000, 20_000]

@@ -37,6 +37,11 @@ the mode of QLSD*) or makes from other keys (``compression`` is the ``compressor
 ``probs``, ``surrogate`` and ``surrogate_*`` the CG-DSGLD surrogate), and those its registry
 entry fixes (:attr:`fedmcmc.samplers.Registered.fixed`); it must also set the keys of
 :attr:`~fedmcmc.samplers.Registered.must_set`, which name why.
+
+``[run]`` and ``[flower]`` are typed settings (:class:`fedmcmc.runtime.settings.RunSettings`,
+:class:`~fedmcmc.runtime.settings.FlowerSettings`): :func:`validate` checks every value of both
+and returns them, and the built run carries them (:attr:`Built.settings`) to the simulator and
+to the Flower server and clients.
 """
 
 from __future__ import annotations
@@ -50,23 +55,16 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from fedmcmc.core import checks
 from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.app import inputs, privacy, problems
 from fedmcmc.app.inputs import model_from_config
 from fedmcmc.compression import resolve_compressor
-from fedmcmc.runtime.flower import settings
+from fedmcmc.runtime.settings import ConfigError, FlowerSettings, RunSettings, Settings
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 
-_RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices", "init",
-        "posterior_check", "max_stored_draws", "whiten"}
-#: Optional sections: the Flower runtime's (docs/flower.md; ignored by ``fedmcmc run``), privacy (app/privacy.py).
-_OPTIONAL = {"flower": set(settings.DEFAULTS), "privacy": privacy.KEYS}
-
-
-class ConfigError(ValueError):
-    """An invalid run configuration."""
+#: Optional sections: the Flower runtime's (docs/flower.md; checked, not used, by ``fedmcmc run``), privacy (app/privacy.py).
+_OPTIONAL = {"flower": set(FlowerSettings.keys()), "privacy": privacy.KEYS}
 
 
 class Built(NamedTuple):
@@ -97,6 +95,9 @@ class Built(NamedTuple):
         ``(Whitening or None, record)``, set by :func:`build_run`: the map ``theta = theta* + L z``
         the sampler runs in (:mod:`fedmcmc.app.whiten`), None when it runs in ``theta``, and
         ``results.json``'s ``whitening`` (its cost, or why it is not used).
+    settings
+        The config's typed ``[run]`` and ``[flower]`` settings (:class:`fedmcmc.runtime.settings.Settings`),
+        what the simulator path and the Flower server and clients read.
     """
 
     data: Any
@@ -111,6 +112,7 @@ class Built(NamedTuple):
     laplace: tuple | None = None
     start: np.ndarray | None = None
     whitening: tuple | None = None
+    settings: Settings | None = None
 
 
 class _Run(NamedTuple):
@@ -232,14 +234,18 @@ def sampler_name(cfg: dict) -> str:
     return name
 
 
-def load(path: str | Path) -> dict:
-    path = Path(path)
+def _read(path: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} not found; give the path to a TOML file")
     try:
-        cfg = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path} is not valid TOML: {err}") from None
+
+
+def load(path: str | Path) -> dict:
+    """The run config of a TOML file, parsed and checked (:func:`validate`)."""
+    cfg = _read(Path(path))
     validate(cfg)
     return cfg
 
@@ -250,8 +256,10 @@ def _unknown(section: str, given, allowed) -> None:
         raise ConfigError(f"unknown key(s) {sorted(unknown)} in [{section}]; allowed: {sorted(allowed)}")
 
 
-def validate(cfg: dict) -> None:
-    """Check a parsed config's sections and keys (values are checked as the run is built)."""
+def validate(cfg: dict) -> Settings:
+    """Check a parsed config's sections and keys, and the values of ``[run]`` and ``[flower]``:
+    returns their typed settings (:meth:`fedmcmc.runtime.settings.Settings.from_config`; the other
+    sections' values are checked as the run is built)."""
     for section in ("sampler", "run"):
         if section not in cfg:
             raise ConfigError(f"config needs a [{section}] section")
@@ -262,7 +270,7 @@ def validate(cfg: dict) -> None:
     if ("problem" in cfg) == ("data" in cfg or "model" in cfg) or ("data" in cfg) != ("model" in cfg):
         raise ConfigError("a config needs either [problem] (a built-in problem) or both [data] and [model] "
                           f"(your data and model); it has {sorted({'problem', 'data', 'model'} & set(cfg))}")
-    _unknown("run", cfg["run"], _RUN)
+    _unknown("run", cfg["run"], RunSettings.keys())
     for section, keys in _OPTIONAL.items():
         _unknown(section, cfg.get(section, {}), keys)
     if "data" in cfg:
@@ -272,9 +280,7 @@ def validate(cfg: dict) -> None:
     else:
         _validate_problem(cfg)
     _validate_sampler(cfg)
-    for key in ("num_chains", "num_iterations"):
-        if key not in cfg["run"]:
-            raise ConfigError(f"[run] needs {key}")
+    return Settings.from_config(cfg)
 
 
 def _validate_problem(cfg: dict) -> None:
@@ -320,8 +326,7 @@ def from_text(text: str, base_dir: str | Path | None = None, start: bool = False
     clients as it is, its server with the chains' starting points and the posterior check's
     approximation (``start``, :func:`with_start`)."""
     cfg = tomllib.loads(text)
-    validate(cfg)
-    built = build(cfg, base_dir)
+    built = build(cfg, base_dir, validate(cfg))
     return cfg, with_start(cfg, built) if start else built
 
 
@@ -336,28 +341,33 @@ def _problem(cfg: dict) -> problems.Problem:
     return problems.PROBLEMS[problem](**p)
 
 
-def build(cfg: dict, base_dir: str | Path | None = None) -> Built:
+def build(cfg: dict, base_dir: str | Path | None = None, settings: Settings | None = None) -> Built:
     """A validated config's data and model (relative ``[data]`` paths start at ``base_dir``,
-    default: the working directory), made into a run by :func:`build_run`."""
+    default: the working directory), made into a run by :func:`build_run` (with ``settings``, what
+    :func:`validate` returned, if given)."""
     if "problem" in cfg:
         (data, model, exact), tests, info = _problem(cfg), None, None
     else:
         data, tests, info = inputs.load_data(cfg["data"], base_dir)
         model, exact = model_from_config(cfg, info, base_dir), None
-    return build_run(cfg, data, model, exact, tests, info)
+    return build_run(cfg, data, model, exact, tests, info, settings=settings)
 
 
-def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=None) -> Built:
+def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=None,
+              settings: Settings | None = None) -> Built:
     """The :class:`Built` run of ``cfg`` on ``data`` and ``model``: the registered builder called
     with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS` (``mode``: the federated mode if
     already found, given to a sampler that takes it instead of a search here). When the run whitens
     (:mod:`fedmcmc.app.whiten`), in this order: the mode (the sampler's, else found once here),
     the Laplace approximation there (kept for :func:`with_start`), the whitened model, the
     automatic step on it, and the sampler on it (QLSD*'s mode mapped to ``z``, no second search).
-    A run that has the mode gives it to CG-DSGLD as the ``anchor`` of its surrogates."""
+    A run that has the mode gives it to CG-DSGLD as the ``anchor`` of its surrogates. The run
+    carries the config's typed settings: ``settings`` (what :func:`validate` returned), else
+    those of ``cfg``."""
     from fedmcmc.app import posterior, whiten
     from fedmcmc.models import whitened, whitening
 
+    settings = settings or Settings.from_config(cfg)
     name, section = sampler_name(cfg), cfg["sampler"]
     entry = REGISTRY[name]
     use, why = whiten.setting(cfg)
@@ -377,7 +387,7 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
         on = (model, mode)
         run_data = data.pooled() if entry.pooled else data
         approx, laplace = approximated = posterior.approximate(model, run_data, mode)
-        if approx is None and cfg["run"].get("whiten") is True:
+        if approx is None and settings.run.whiten is True:
             raise ConfigError(f"[run] whiten = true needs the Laplace approximation at the mode: {laplace['why']}; "
                               "set whiten = false")
         if approx is None:
@@ -392,7 +402,7 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
         from fedmcmc.app import step as auto
 
         param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
-        args[param], step, found = auto.auto_step(cfg["run"].get("seed", 0), name, args, on[0], data, on[1],
+        args[param], step, found = auto.auto_step(settings.run.seed, name, args, on[0], data, on[1],
                                                   whitened=moved is not None)
         if paid:
             step = {**step, "rounds": step["rounds"] + mode.rounds, "bits": step["bits"] + mode.bits}
@@ -406,14 +416,15 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
                 step, resolved = {**step, key: value}, {**section, key: value}
                 args.update({param: value if param == key else _ARGUMENTS[param].make(resolved, run) for param in params
                              if param == key or (param in _ARGUMENTS and key in _ARGUMENTS[param].keys)})
-        step = {**step, **auto.budget(step, cfg["run"], args)}
+        step = {**step, **auto.budget(step, settings.run, args)}
     known = on[1] if on[1] is not None else found  # the mode in the sampler's coordinates, if the run has it
     if "anchor" in args and known is not None:
         args["anchor"] = np.asarray(known.theta, np.float32)
-    args, privacy_record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError)
+    args, privacy_record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError, settings)
     sampler = entry.build(**args)
     return Built(data.pooled() if entry.pooled else data, model, exact, sampler, mode, tests, info, step,
-                 privacy_record, laplace=approximated, whitening=moved or (None, {"used": False, "why": why}))
+                 privacy_record, laplace=approximated, whitening=moved or (None, {"used": False, "why": why}),
+                 settings=settings)
 
 
 def with_start(cfg: dict, built: Built, data_known: bool = True) -> Built:
@@ -448,17 +459,6 @@ def identity(cfg: dict) -> dict:
             "run": {k: v for k, v in cfg["run"].items() if k not in ("devices", "posterior_check")}}
 
 
-def max_stored_draws(cfg: dict) -> int:
-    """``[run] max_stored_draws``: the most draws per chain that ``posterior.nc`` stores, thinned
-    evenly (:data:`fedmcmc.runtime.io.MAX_STORED_DRAWS` if unset; 0 stores every draw)."""
-    from fedmcmc.runtime import io
-
-    value = cfg["run"].get("max_stored_draws", io.MAX_STORED_DRAWS)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"[run] max_stored_draws must be an integer >= 0 (0 stores every draw; got {value!r})")
-    return value
-
-
 def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool = True,
         overwrite: bool = False) -> dict:
     """Run a config file with the simulator into ``out``: ``config.toml`` (the text as given),
@@ -471,31 +471,29 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.runtime.simulator import simulate
     path, out = Path(path), Path(out)
-    cfg = load(path)
+    cfg = _read(path)
+    settings = validate(cfg)
     started = time.perf_counter()
-    built = build(cfg, path.parent)
+    built = build(cfg, path.parent, settings)
+    r = settings.run
     if built.whitening[0] is not None:
         print(whiten.describe(built.whitening[1]))
     if built.step["rule"] != "given":
         print(auto.describe(built.step))
-        short = auto.budget_warning(built.step, cfg["run"])
+        short = auto.budget_warning(built.step, r)
         if short:
             sys.stderr.write(f"fedmcmc: warning: {short}\n")
-    r = dict(cfg["run"])
-    checks.check_schedule(r["num_iterations"], r["num_chains"], r.get("burn_in", 0), r.get("thinning", 1),
-                          r.get("chunk_size"))
-    devices.placement(r.get("devices"), r["num_chains"])  # refused before anything is written
-    max_stored_draws(cfg)
+    devices.placement(r.devices, r.num_chains)  # refused before anything is written (the schedule: by validate)
     built = with_start(cfg, built)
     run_identity.claim(out, resume, overwrite)
     if not resume:  # a resumed run's, once its checkpoint is found to be this run's
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.toml").write_text(path.read_text())
     try:
-        res = simulate(r.get("seed", 0), built.sampler, built.data, built.start, r["num_iterations"],
-                       num_chains=r["num_chains"], burn_in=r.get("burn_in", 0), thinning=r.get("thinning", 1),
-                       chunk_size=r.get("chunk_size"), out_dir=out, resume=resume, overwrite=overwrite,
-                       settings=identity(cfg), progress=progress, devices=r.get("devices"))
+        res = simulate(r.seed, built.sampler, built.data, built.start, r.num_iterations,
+                       num_chains=r.num_chains, burn_in=r.burn_in, thinning=r.thinning,
+                       chunk_size=r.chunk_size, out_dir=out, resume=resume, overwrite=overwrite,
+                       settings=identity(cfg), progress=progress, devices=r.devices)
     except DivergenceError as err:  # with the run's step, for the advice
         raise DivergenceError(err.iteration, err.chains, built.step) from None
     if resume:
@@ -512,7 +510,7 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     from fedmcmc.evaluation import diagnostics
     from fedmcmc.runtime import io
 
-    exact, keep = built.exact, max_stored_draws(cfg)
+    exact, keep = built.exact, built.settings.run.max_stored_draws
     every = io.stride(res.samples.shape[1], keep)
     approx, laplace = built.laplace or (None, {"available": False, "why": "not computed by this runtime"})
     names = None if built.inputs is None else outputs.parameter_names(built.model, built.inputs.feature_names)

@@ -29,34 +29,22 @@ import numpy as np
 
 from fedmcmc.estimators import approximation, gradients
 from fedmcmc.evaluation import posterior_check
-
-#: ``[run] init`` values that are words.
-INITS = ("dispersed", "mode", "zeros")
+from fedmcmc.runtime.settings import ConfigError, RunSettings
 #: Built-in ``[model]`` names whose posterior the Laplace approximation does not describe.
 NOT_LOG_CONCAVE = {"mlp", "lenet5"}
 #: The stream of the run's seed that draws the dispersed starts (the chains use ``seed`` itself).
 _INIT_STREAM = 0x1A17
 
 
-def _error(message: str) -> Exception:
-    from fedmcmc.app.config import ConfigError
-
-    return ConfigError(message)
-
-
-def _init(cfg: dict):
-    init = cfg["run"].get("init")
-    if isinstance(init, str) and init not in INITS:
-        raise _error(f"[run] init must be one of {INITS} or a list of numbers (got {init!r})")
-    return init
+def _run(cfg: dict) -> RunSettings:
+    """The config's typed ``[run]`` (its values checked there: :class:`~fedmcmc.runtime.settings.RunSettings`)."""
+    return RunSettings.from_section(cfg["run"])
 
 
 def wanted(cfg: dict) -> bool:
     """Whether the run asks for the approximation (its check, or starts drawn from it)."""
-    check = cfg["run"].get("posterior_check", True)
-    if not isinstance(check, bool):
-        raise _error(f"[run] posterior_check must be true or false (got {check!r})")
-    return check or _init(cfg) in ("dispersed", "mode", None)
+    run = _run(cfg)
+    return run.posterior_check or run.init in ("dispersed", "mode", None)
 
 
 def not_available(cfg: dict) -> str | None:
@@ -94,34 +82,34 @@ def laplace(cfg: dict, built, data_known: bool = True) -> tuple[approximation.La
         if approx is not None:
             return approx, record
         why = record["why"]
-    if _init(cfg) in ("dispersed", "mode"):
-        raise _error(f"[run] init = {cfg['run']['init']!r} needs the Laplace approximation at the mode, which this "
+    if _run(cfg).init in ("dispersed", "mode"):
+        raise ConfigError(f"[run] init = {_run(cfg).init!r} needs the Laplace approximation at the mode, which this "
                      f"run has not: {why}; use init = \"zeros\" or give the values")
     return None, {"available": False, "why": why}
 
 
 def starts(cfg: dict, dim: int, approx: approximation.Laplace | None) -> np.ndarray:
     """The chains' starting points ``[num_chains, d]`` (float32) by ``[run] init`` (module docstring)."""
-    r = cfg["run"]
-    chains, init = int(r["num_chains"]), _init(cfg)
+    r = _run(cfg)
+    chains, init = r.num_chains, r.init
     if init is None:
         init = "dispersed" if approx is not None and "privacy" not in cfg else "zeros"
     if init in ("dispersed", "mode") and "privacy" in cfg:
-        raise _error(f"[run] init = {init!r} starts the chains from the data's mode, which the privacy accountant does "
+        raise ConfigError(f"[run] init = {init!r} starts the chains from the data's mode, which the privacy accountant does "
                      'not cover; use init = "zeros" or values under [privacy]')
     if init == "zeros":
         return np.zeros((chains, dim), np.float32)
     if init == "mode":
         return np.broadcast_to(approx.mean, (chains, dim)).astype(np.float32)
     if init == "dispersed":
-        key = jax.random.fold_in(jax.random.key(int(r.get("seed", 0))), _INIT_STREAM)
+        key = jax.random.fold_in(jax.random.key(r.seed), _INIT_STREAM)
         return approximation.dispersed_starts(key, approx, chains)
     try:
         values = np.asarray(init, np.float64)
     except (TypeError, ValueError):
         values = np.array(np.nan)
     if values.shape not in ((dim,), (chains, dim)) or not np.all(np.isfinite(values)):
-        raise _error(f"[run] init as values must be {dim} finite numbers, or {chains} lists of {dim} (got shape "
+        raise ConfigError(f"[run] init as values must be {dim} finite numbers, or {chains} lists of {dim} (got shape "
                      f"{values.shape})")
     return np.broadcast_to(values, (chains, dim)).astype(np.float32)
 

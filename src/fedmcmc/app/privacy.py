@@ -34,6 +34,7 @@ import numpy as np
 from fedmcmc.compression import resolve_clipped
 from fedmcmc.core import checks
 from fedmcmc.models import clipped_gradients
+from fedmcmc.runtime.settings import Settings
 
 # fedmcmc.privacy (dp-accounting, scipy.signal: seconds of imports) is imported by the functions that
 # account, so that a run without [privacy] and a Flower node do not pay for it
@@ -194,17 +195,21 @@ def _budget(name: str, s, p: dict, error):
     raise error(f"[privacy] the run's {level}-level epsilon is {eps:.4g} > epsilon = {p['epsilon']:g}; set {fix}")
 
 
-def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueError) -> tuple[dict, dict | None]:
+def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueError,
+           settings: Settings | None = None) -> tuple[dict, dict | None]:
     """Apply ``cfg``'s ``[privacy]`` to a run's builder arguments: choose or check the bounds
     against the budget, clip the model's record gradients (``record_clip``) and the uploads
-    (``clip``), and account the run. Returns the arguments and the record for its results
-    (None without ``[privacy]``); ``error`` is raised with one line naming the problem and the fix."""
+    (``clip``), and account the run (its rounds, chains and secure aggregation from ``settings``,
+    the config's typed settings, else read from ``cfg``; whether ``[run] seed`` is given at all,
+    from ``cfg``). Returns the arguments and the record for its results (None without
+    ``[privacy]``); ``error`` is raised with one line naming the problem and the fix."""
     if "privacy" not in cfg:
         return args, None
+    settings = settings or Settings.from_config(cfg)
     from fedmcmc.privacy import account
     from fedmcmc.privacy.mechanisms import against_clients
     p = _checked(cfg["privacy"], error)
-    s = _setting(name, args, data, pooled, cfg["run"]["num_iterations"], cfg["run"]["num_chains"], p)
+    s = _setting(name, args, data, pooled, settings.run.num_iterations, settings.run.num_chains, p)
     if p["epsilon"] is not None:
         s = _budget(name, s, p, error)
     args = dict(args)
@@ -217,7 +222,7 @@ def settle(cfg: dict, name: str, args: dict, data, pooled: bool, error=ValueErro
         except ValueError as err:
             raise error(f"[privacy] clip: {err}") from None
     levels = account(name, s, p["delta"], p["accountant"])
-    if cfg.get("flower", {}).get("secure_aggregation") is True:  # every active client sees the active sets
+    if settings.flower.secure_aggregation:  # every active client sees the active sets
         levels["another_client"] = against_clients(name, s, p["delta"], p["accountant"])
     if p["release"] == "draws":
         _draws_only(cfg, error)

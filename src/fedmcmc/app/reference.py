@@ -2,11 +2,13 @@
 
 The sections and their keys come from the tables the config check uses
 (:mod:`fedmcmc.app.config`, :mod:`fedmcmc.app.inputs`, :mod:`fedmcmc.app.problems`,
-:mod:`fedmcmc.app.privacy`, :data:`fedmcmc.runtime.flower.settings.DEFAULTS`, and the sampler
-builders' signatures through :func:`fedmcmc.app.config.sampler_keys`); the one-line description
-of each key is :data:`DESCRIPTIONS`, the only place it is written. A key without a description
-stops the generation, so the reference cannot miss one (``tests/app/test_reference.py`` checks
-that the committed page is this module's output).
+:mod:`fedmcmc.app.privacy`, and the sampler builders' signatures through
+:func:`fedmcmc.app.config.sampler_keys`); ``[run]`` and ``[flower]`` come from the fields of
+:class:`fedmcmc.runtime.settings.RunSettings` and :class:`~fedmcmc.runtime.settings.FlowerSettings`,
+their defaults and their ``metadata["doc"]``. The one-line description of every other key is
+:data:`DESCRIPTIONS`, the only place it is written. A key without a description stops the
+generation, so the reference cannot miss one (``tests/app/test_reference.py`` checks that the
+committed page is this module's output).
 
 Regenerate the page with::
 
@@ -16,36 +18,17 @@ Regenerate the page with::
 from __future__ import annotations
 
 import inspect
+from dataclasses import MISSING, fields
 
 from fedmcmc.app import config, inputs, privacy, problems
-from fedmcmc.runtime import io
-from fedmcmc.runtime.flower import settings
+from fedmcmc.runtime.settings import FlowerSettings, RunSettings
 from fedmcmc.samplers import ALIASES, REGISTRY
 
 __all__ = ["DESCRIPTIONS", "markdown"]
 
-#: One line per key of every section: what it sets (defaults that the code does not hold in a
-#: table are stated here).
+#: One line per key of every section but ``[run]`` and ``[flower]`` (their fields' docs): what it
+#: sets (defaults that the code does not hold in a table are stated here).
 DESCRIPTIONS: dict[str, dict[str, str]] = {
-    "run": {
-        "seed": "Seed of the run's randomness (the chains, the dispersed starts). Default 0.",
-        "num_chains": "Number of chains.",
-        "num_iterations": "Rounds per chain (a multiple of `thinning`).",
-        "burn_in": "Rounds dropped at the start of each chain, in `[0, num_iterations)`. Default 0.",
-        "thinning": "Keep every k-th round. Default 1.",
-        "chunk_size": "Rounds between checkpoints under the output folder's `chunks/` (a multiple of `thinning`); "
-                      "default chosen from the run's length.",
-        "devices": "Number of local GPUs to spread the chains over; default all. The samples do not depend on it.",
-        "init": 'The chains\' starting points: `"dispersed"` (draws from the Laplace approximation with doubled '
-                'standard deviations), `"mode"`, `"zeros"`, or a list of values (one point, or one per chain). '
-                'Default `"dispersed"` where the approximation exists and there is no `[privacy]`, else `"zeros"`.',
-        "posterior_check": "Compare the draws with the Laplace approximation at the mode and exit with code 4 "
-                           "when a marginal is off. Default true.",
-        "max_stored_draws": "Draws per chain stored in `posterior.nc`, thinned evenly (0: all).",
-        "whiten": 'Run the sampler in coordinates `z`, `theta = theta* + L z` with `L L^T = H^-1`: `"auto"` '
-                  '(default: with `step_size = "auto"`, where the approximation exists and without `[privacy]`), '
-                  "true or false.",
-    },
     "problem": {
         "name": "The built-in problem, one of those below.",
         "seed": "Seed of the generated data.",
@@ -143,19 +126,6 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
                        "weights).",
         "control_variates": "SCAFFOLD's correction (`fedmcmc.samplers.scaffold.scaffold()`, a Python object).",
     },
-    "flower": {
-        "round_timeout": "Seconds a round waits for the clients' replies; a client that misses it is inactive.",
-        "max_upload_norm": 'Bound on the norm of each part of an upload; a larger one is rejected. `"auto"`: 100 times '
-                           "the lower median of that part's recent norms; a number: a fixed bound.",
-        "exact": "Each client runs its step on `b` copies of itself (b clients), so that the draws equal the "
-                 "simulator's bit for bit, at `b` times the compute; false: one copy, equal to float rounding.",
-        "poll_interval": "Seconds between the server's checks for replies.",
-        "hold": "Queue a `hold` message behind each message, so that a node finds work instead of sleeping "
-                "between rounds (one more ClientApp process per node and round).",
-        "secure_aggregation": "The server learns only the sum of the active clients' uploads (needs a "
-                              "`fixed_point` compression).",
-        "secure_min_clients": "Fewest active clients whose secure sum is revealed (at least 2).",
-    },
     "privacy": {
         "delta": "The delta of (epsilon, delta), in (0, 1).",
         "epsilon": "A budget: the run meets it at `level` or is refused.",
@@ -178,13 +148,24 @@ _SECTIONS = {
              "`target_scale`).",
     "sampler": "Every config. `name` and the keys of that sampler (derived from its builder's signature; "
                "`fedmcmc list` prints them too).",
-    "flower": "Optional: the Flower runtime's settings (`fedmcmc flower`; ignored by `fedmcmc run`). "
-              "See docs/flower.md.",
+    "flower": "Optional: the Flower runtime's settings (`fedmcmc flower`; `fedmcmc run` checks them and runs "
+              "without them). See docs/flower.md.",
     "privacy": "Optional: clipping and the (epsilon, delta) the run meets. See docs/privacy.md.",
 }
 
 
+#: The sections whose keys, defaults and descriptions are a settings class's fields.
+_TYPED = {"run": RunSettings, "flower": FlowerSettings}
+
+
+def _fields(cls) -> dict:
+    """A dataclass's fields by name."""
+    return {f.name: f for f in fields(cls)}
+
+
 def _describe(section: str, key: str) -> str:
+    if section in _TYPED:
+        return _fields(_TYPED[section])[key].metadata["doc"]
     try:
         return DESCRIPTIONS[section][key]
     except KeyError:
@@ -216,9 +197,17 @@ def _table(rows, header=("key", "default", "description")) -> list[str]:
     return lines
 
 
+def _typed(section: str, order=None) -> list[str]:
+    """The table of a typed section: each field with its default (``required`` without one) and doc."""
+    rows = []
+    for key, f in sorted(_fields(_TYPED[section]).items(), key=order):
+        default = "required" if f.default is MISSING else "" if f.default is None else _value(f.default)
+        rows.append((f"`{key}`", default, _describe(section, key)))
+    return _table(rows)
+
+
 def _run() -> list[str]:
-    defaults = {"num_chains": "required", "num_iterations": "required", "max_stored_draws": _value(io.MAX_STORED_DRAWS)}
-    return _table([(f"`{k}`", defaults.get(k, ""), _describe("run", k)) for k in sorted(config._RUN)])
+    return _typed("run", order=lambda item: item[0])
 
 
 def _problem() -> list[str]:
@@ -270,7 +259,7 @@ def _sampler() -> list[str]:
 
 
 def _flower() -> list[str]:
-    return _table([(f"`{k}`", _value(v), _describe("flower", k)) for k, v in settings.DEFAULTS.items()])
+    return _typed("flower", order=lambda item: FlowerSettings.keys().index(item[0]))
 
 
 def _privacy() -> list[str]:

@@ -21,6 +21,7 @@ import numpy as np
 
 from fedmcmc.estimators import curvature as curvature_lib
 from fedmcmc.estimators import approximation, gradients
+from fedmcmc.runtime.settings import RunSettings
 from fedmcmc.samplers import REGISTRY, schedules
 from fedmcmc.samplers.steps import Setting, auto_step as rule_step, noise_weights, rounds_per_draw, trajectories_per_round
 
@@ -82,8 +83,9 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None, whitened
 MIN_ESS = 400
 
 
-def budget(record: dict, run: dict, args: dict | None = None) -> dict:
-    """``{"expected_ess": ...}``: about how many effective draws ``run``'s schedule gives at the
+def budget(record: dict, run: RunSettings, args: dict | None = None) -> dict:
+    """``{"expected_ess": ...}``: about how many effective draws ``run``'s schedule (the config's
+    typed ``[run]``, :class:`fedmcmc.runtime.settings.RunSettings`) gives at the
     step of ``record`` (:func:`fedmcmc.samplers.steps.rounds_per_draw`), over all chains, and
     ``{"rounds_needed": ...}`` for :data:`MIN_ESS` when it gives fewer (None when no run length
     does). Empty without an estimate. With a decaying step (the builder arguments ``args`` set
@@ -92,7 +94,7 @@ def budget(record: dict, run: dict, args: dict | None = None) -> dict:
     per_draw = record.get("rounds_per_draw")
     if not per_draw:
         return {}
-    burn_in, chains, total = int(run.get("burn_in", 0)), int(run["num_chains"]), int(run["num_iterations"])
+    burn_in, chains, total = run.burn_in, run.num_chains, run.num_iterations
     decay = None if args is None else args.get("step_decay")
     if decay is None:
         def kept(stop):
@@ -120,14 +122,14 @@ def budget(record: dict, run: dict, args: dict | None = None) -> dict:
     return out
 
 
-def budget_warning(record: dict, run: dict) -> str | None:
+def budget_warning(record: dict, run: RunSettings) -> str | None:
     """One line when ``run``'s schedule is too short for the step of ``record`` (:func:`budget`)."""
     if "rounds_needed" not in record:
         return None
     have = (f"at this step a chain needs about {record['rounds_per_draw']:.3g} rounds to forget its state "
-            f"(1 / (lambda_min x a round's Langevin time)): num_iterations = {run['num_iterations']} after "
-            f"burn_in = {run.get('burn_in', 0)} gives about {record['expected_ess']:.0f} effective draws over "
-            f"{run['num_chains']} chain(s); ")
+            f"(1 / (lambda_min x a round's Langevin time)): num_iterations = {run.num_iterations} after "
+            f"burn_in = {run.burn_in} gives about {record['expected_ess']:.0f} effective draws over "
+            f"{run.num_chains} chain(s); ")
     if record["rounds_needed"] is None:
         return have + (f"no run length gives {MIN_ESS}: the decaying step's Langevin time grows with the logarithm "
                        "of the rounds; drop step_decay, or give it a longer first stage")

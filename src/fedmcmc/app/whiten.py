@@ -30,12 +30,7 @@ import numpy as np
 
 from fedmcmc.estimators.gradients import ModeResult
 from fedmcmc.models.whitened import Whitening
-
-
-def _error(message: str) -> Exception:
-    from fedmcmc.app.config import ConfigError
-
-    return ConfigError(message)
+from fedmcmc.runtime.settings import ConfigError, RunSettings
 
 
 def setting(cfg: dict, data_known: bool = True) -> tuple[bool, str | None]:
@@ -44,9 +39,7 @@ def setting(cfg: dict, data_known: bool = True) -> tuple[bool, str | None]:
     where the approximation cannot be had (``data_known`` False: a Flower server's node-local data)."""
     from fedmcmc.app import posterior
 
-    value = cfg["run"].get("whiten", "auto")
-    if not (value == "auto" or isinstance(value, bool)):
-        raise _error(f'[run] whiten must be "auto", true or false (got {value!r})')
+    value = RunSettings.from_section(cfg["run"]).whiten  # its value checked there
     if value is False:
         return False, "[run] whiten = false"
     why = (posterior.not_available(cfg)
@@ -55,7 +48,7 @@ def setting(cfg: dict, data_known: bool = True) -> tuple[bool, str | None]:
            or None)
     if why is not None:
         if value is True:
-            raise _error(f"[run] whiten = true needs the Laplace approximation at the mode, which this run cannot "
+            raise ConfigError(f"[run] whiten = true needs the Laplace approximation at the mode, which this run cannot "
                          f"have ({why}); set whiten = false")
         return False, why
     if value == "auto" and cfg["sampler"].get("step_size") != "auto":

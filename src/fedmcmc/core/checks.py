@@ -1,4 +1,5 @@
-"""The checks the builders (samplers, participation schemes) and the drivers (a run's schedule) make of their settings, each written once.
+"""The checks the builders (samplers, participation schemes) make of their settings, each written once
+(a run's schedule: :func:`fedmcmc.runtime.settings.check_schedule`).
 
 Each returns the value in the form the sampler uses, or raises a one-line :class:`ValueError`
 that names the setting, what it got and what to give instead.
@@ -100,32 +101,3 @@ def per_client_int(label: str, value) -> np.ndarray:
 def client_weights(weights) -> np.ndarray:
     """Client weights ``w_c``: positive, finite, summing to 1."""
     return per_client("client weights w_c", weights, sums_to_one=True, hint="; use FederatedData.weights for n_c / n")
-
-
-def default_chunk(num_iterations: int, thinning: int, most: int = 10_000) -> int:
-    """Rounds per chunk by default: a multiple of ``thinning``, at most ``most`` rounds (or one
-    draw's), and the same for every chunk when ``c`` to ``2 c`` chunks can be equal (``c`` the
-    fewest that fit), so that one compiled program runs them all (25,000 rounds: four chunks of
-    6,250, not 10,000, 10,000 and 5,000); otherwise the fewest chunks and a shorter last one."""
-    draws, per_chunk = num_iterations // thinning, max(1, most // thinning)
-    fewest = -(-draws // per_chunk)
-    equal = next((c for c in range(fewest, 2 * fewest + 1) if draws % c == 0), None)
-    return (draws // equal if equal else per_chunk if fewest > 1 else draws) * thinning
-
-
-def check_schedule(num_iterations, num_chains, burn_in, thinning, chunk_size) -> int:
-    """A run's schedule checked (one line naming the problem and the fix); returns the chunk
-    size (default: :func:`default_chunk`)."""
-    for label, value in (("num_iterations", num_iterations), ("num_chains", num_chains), ("thinning", thinning)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
-            raise ValueError(f"{label} must be a positive integer (got {value!r})")
-    if isinstance(burn_in, bool) or not isinstance(burn_in, (int, float)) or int(burn_in) != burn_in \
-            or not 0 <= burn_in < num_iterations:
-        raise ValueError(f"burn_in must be an integer in [0, num_iterations) (got {burn_in!r})")
-    if num_iterations % thinning:
-        raise ValueError(f"num_iterations ({num_iterations}) must be a multiple of thinning ({thinning})")
-    if chunk_size is None:
-        chunk_size = default_chunk(num_iterations, thinning)
-    if isinstance(chunk_size, bool) or int(chunk_size) != chunk_size or chunk_size % thinning or chunk_size < 1:
-        raise ValueError(f"chunk_size ({chunk_size}) must be a positive multiple of thinning ({thinning})")
-    return chunk_size

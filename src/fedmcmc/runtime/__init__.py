@@ -5,7 +5,7 @@ that Flower carries (:mod:`fedmcmc.runtime.flower`); outputs in ArviZ's schema
 (:mod:`fedmcmc.runtime.io`).
 
 The names below are imported on first use, as in :mod:`fedmcmc`: a module of this package that
-needs no JAX (:mod:`fedmcmc.runtime.flower.settings`) imports none.
+needs no JAX (:mod:`fedmcmc.runtime.settings`) imports none.
 """
 
 from fedmcmc._lazy import exports as _exports

@@ -20,6 +20,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from fedmcmc.runtime import settings
 from fedmcmc.runtime.records import SimulationResult
 
 
@@ -51,7 +52,7 @@ class HeldOut(NamedTuple):
 
 
 #: Draws per chain that ``fedmcmc run`` stores in ``posterior.nc`` unless ``[run] max_stored_draws`` says otherwise.
-MAX_STORED_DRAWS = 2000
+MAX_STORED_DRAWS = settings.MAX_STORED_DRAWS
 
 
 def stride(num_draws: int, max_draws: int | None) -> int:

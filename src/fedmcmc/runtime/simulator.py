@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedmcmc.core.checks import check_schedule
+from fedmcmc.runtime.settings import check_schedule
 from fedmcmc.core.base import FederatedSampler
 from fedmcmc.data.federated import FederatedData
 from fedmcmc.runtime import cpu, devices as placement, identity
@@ -241,7 +241,7 @@ def simulate(seed: int, sampler: FederatedSampler, data: FederatedData, theta0, 
         Optional ``theta -> array``, recorded at every round after burn-in.
     chunk_size
         Rounds per compiled chunk (a multiple of ``thinning``); default: at most 10,000, equal chunks
-        when they can be (:func:`fedmcmc.core.checks.default_chunk`).
+        when they can be (:func:`fedmcmc.runtime.settings.default_chunk`).
     out_dir
         Where draws and checkpoints are written as the run goes (``out_dir/chunks``). A folder whose
         ``chunks/`` holds a run is refused (ValueError) unless ``resume`` or ``overwrite``.

@@ -42,7 +42,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedmcmc.app.flower.clock import process_seconds  # noqa: E402
-from fedmcmc.runtime.flower.settings import flower_settings  # noqa: E402
+from fedmcmc.runtime.settings import FlowerSettings  # noqa: E402
 
 # JAX and the samplers are imported where they are used (``_lib``): a ClientApp process that
 # answers a ``hold`` imports none of them (docs/flower.md, "Latency per round").
@@ -271,13 +271,13 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
     from fedmcmc.app import whiten  # after _lib(): JAX on one thread
 
     whiten.setting(cfg, data_known=False)  # whiten = true refused before the nodes are greeted
-    transport = GridTransport(grid, nodes.num_clients(cfg["data"]), flower_settings(cfg))
+    transport = GridTransport(grid, nodes.num_clients(cfg["data"]), FlowerSettings.from_section(cfg.get("flower")))
     summaries = [nodes.summary_from_json(transport.hellos[i]["summary"]) for i in range(transport.b)]
     nodes.check_columns(summaries, [f"SuperNode {transport.node[i]} (partition-id {i})" for i in range(transport.b)])
     info, _ = inputs.combine(cfg["data"], summaries)
     built = nodes.build_from_inputs(cfg, info, base_dir)
     transport.welcome = {"kind": "nodes", "inputs": json.dumps(info._asdict())}
-    replies = transport.exchange({i: transport.welcome for i in range(transport.b)}, transport.flower["round_timeout"])
+    replies = transport.exchange({i: transport.welcome for i in range(transport.b)}, transport.flower.round_timeout)
     missing = [i for i, r in replies.items() if r is None]
     if missing:
         raise RuntimeError(f"client(s) {missing} did not take the run's inputs; see their SuperNodes' logs")

@@ -9,6 +9,7 @@ from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 
 from fedmcmc.app.flower.apps import HOLD, from_content, log, message_type, to_content
+from fedmcmc.runtime.settings import FlowerSettings
 
 
 def _index(hello) -> int:
@@ -23,19 +24,16 @@ class GridTransport:
     client count, or data shapes unlike the other nodes' stop the run with a message naming the
     SuperNode. Before each round, a SuperNode that joined since (a restarted node has a new node
     id) is greeted the same way, sent ``welcome`` if set (a ``[data]`` run's inputs), and takes
-    over its partition: it rejoins the run from its own saved state."""
+    over its partition: it rejoins the run from its own saved state. ``flower`` is the run's typed
+    ``[flower]`` (its ``round_timeout``, ``poll_interval`` and ``hold``)."""
 
-    def __init__(self, grid: Grid, num_clients: int, flower: dict, wait: float = 300.0):
+    def __init__(self, grid: Grid, num_clients: int, flower: FlowerSettings, wait: float = 300.0):
         self.grid, self.b, self.flower, self.shapes, self.refused = grid, num_clients, flower, None, set()
         self.welcome: dict | None = None
         self.holds: set[str] = set()  # ids of our ``hold`` messages not yet answered
         self.process: list[float] = []  # the clients' process seconds at their replies to rounds
         self.sizes: list[tuple[int, int]] = []  # array bytes of each round message and of its reply
-        self.poll, self.hold = float(flower["poll_interval"]), flower["hold"]
-        if not isinstance(self.hold, bool):
-            raise ValueError(f"[flower] hold must be true or false (got {self.hold!r}); the default is false")
-        if not 0 < self.poll <= 10:
-            raise ValueError(f"[flower] poll_interval must be in (0, 10] seconds (got {self.poll}); the default is 0.1")
+        self.poll, self.hold = flower.poll_interval, flower.hold
         deadline = time.monotonic() + wait
         while len(ids := list(grid.get_node_ids())) < self.b:
             if time.monotonic() > deadline:
@@ -71,7 +69,7 @@ class GridTransport:
         return [(int(r.metadata.src_node_id),
                  f"SuperNode {r.metadata.src_node_id} failed to start its client: {r.error.reason}"
                  if r.has_error() else from_content(r.content))
-                for r in self.send_and_receive(sent, self.flower["round_timeout"], enough)]
+                for r in self.send_and_receive(sent, self.flower.round_timeout, enough)]
 
     def _check(self, n: int, h: dict) -> int:
         """The partition of node ``n`` from its hello ``h``, checked against the run and the other nodes."""

@@ -42,7 +42,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 
-from fedmcmc.runtime.flower.settings import flower_settings
+from fedmcmc.runtime.settings import FlowerSettings
 
 log = logging.getLogger("fedmcmc.runtime.flower")
 
@@ -135,7 +135,7 @@ def ask(folder, request: tuple) -> tuple[dict, dict]:
         log.warning("no fedmcmc node worker in %s (%s); answering in this process (start one with "
                     "`fedmcmc node-worker %s`)", folder, _why(err), folder)
         return apps.answer(*request)
-    timeout = float(flower_settings(tomllib.loads(text))["round_timeout"])  # the server waits no longer
+    timeout = FlowerSettings.from_section(tomllib.loads(text).get("flower")).round_timeout  # the server waits no longer
     with conn:
         conn.send(request)
         if not conn.poll(timeout):

@@ -9,7 +9,8 @@ for the faults and the commit rule of pending states).
 
 The run is named by its config text and built by the ``build`` function the caller passes
 (``text -> (cfg, built)``: :func:`fedmcmc.app.config.from_text` for ``fedmcmc run`` configs), so
-this layer knows nothing of the config format.
+this layer knows nothing of the config format: it reads the run's settings from the built run's
+typed ``settings`` (:class:`fedmcmc.runtime.settings.Settings`).
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import numpy as np
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime.flower import programs as programs_lib
 from fedmcmc.runtime.flower import secagg
-from fedmcmc.runtime.flower.settings import flower_settings
 from fedmcmc.runtime.flower.wire import encode_upload, from_leaves, items, leaves, pack, unpack
 from fedmcmc.runtime.records import save_npz
+from fedmcmc.runtime.settings import RunSettings
 from fedmcmc.runtime.round import chain_keys
 
 #: ``build(config_text) -> (cfg, built)``: the parsed config and the built run (a NamedTuple with
-#: at least ``sampler``, ``data`` and ``model``).
+#: at least ``sampler``, ``data``, ``model`` and ``settings``, a :class:`fedmcmc.runtime.settings.Settings`).
 Build = Callable[[str], "tuple[dict, Any]"]
 
 
@@ -68,7 +69,7 @@ def _shared_client(cfg_text: str, build: Build, identity: str = "") -> dict:
 
         functions["setup"] = jax.vmap(setup, (0, 0, 0, None, None))
         functions["receive"] = jax.vmap(partial(rnd.setup_receive, s))
-    _SHARED[key] = {"cfg": cfg, "sampler": s, "data": built.data, "dim": built.model.dim,
+    _SHARED[key] = {"cfg": cfg, "settings": built.settings, "sampler": s, "data": built.data, "dim": built.model.dim,
                     "functions": functions, "programs": {}}
     if len(_SHARED) > 8:
         _SHARED.pop(next(iter(_SHARED)))
@@ -107,12 +108,12 @@ class ClientRuntime:
             raise ValueError(f"partition id {index} out of range for {self.b} clients; start node i with "
                              "--node-config 'partition-id=i' for i in 0..num_clients-1")
         self.index = int(index)
-        self.minimum = int(flower_settings(self.cfg)["secure_min_clients"])
-        r = self.cfg["run"]
+        r, flower = shared["settings"].run, shared["settings"].flower
+        self.minimum = flower.secure_min_clients
         # The client's own data (never sent anywhere), as a vmap batch of ``width`` copies: XLA
         # compiles a batch of one differently from the simulator's batch of b clients (the
         # last bit of a reduction can differ), a batch of b identical copies exactly alike.
-        self.width = self.b if flower_settings(self.cfg)["exact"] else 1
+        self.width = self.b if flower.exact else 1
         own = data_fn(index) if data_fn else data.clients().take(np.asarray([index]))
         own = jax.tree_util.tree_map(np.asarray, own)
         self.data = own.take(np.zeros((self.width,), np.int32))
@@ -144,10 +145,10 @@ class ClientRuntime:
 
         return _first(rnd.blockwise(block, rnd.block_width(self.chain_keys.shape[0]), _CHAIN_ARGS[name])(*args))
 
-    def _likes(self, dim: int, r: dict) -> tuple:
+    def _likes(self, dim: int, r: RunSettings) -> tuple:
         """The chains' keys and the shapes of the broadcast, the client state and the setup message."""
         s, f = self.sampler, self.shared["functions"]
-        ck = np.asarray(chain_keys(r.get("seed", 0), np.arange(r["num_chains"])))
+        ck = np.asarray(chain_keys(r.seed, np.arange(r.num_chains)))
         keys, data, ids = programs_lib.shapes((ck, self.data, self.ids))
         ss_like, bc_like = jax.eval_shape(jax.vmap(s.init), keys, jax.ShapeDtypeStruct((len(ck), dim), jnp.float32))
         cs_like = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[:1] + (1,) + a.shape[2:], a.dtype),

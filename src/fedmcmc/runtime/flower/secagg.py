@@ -55,6 +55,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from fedmcmc.runtime.settings import MIN_SECURE_CLIENTS
+
 #: Bytes of a public key, a private key, a pair secret and a round seed.
 KEY_BYTES = 32
 
@@ -90,7 +92,7 @@ def self_seed(private: bytes, k: int, chain: int) -> bytes:
 #: answered (:func:`check_mask`, :func:`check_reveal`).
 MEMORY = 64
 #: The fewest clients whose sum a round may reveal (``[flower] secure_min_clients``, at least this).
-MIN_CLIENTS = 2
+MIN_CLIENTS = MIN_SECURE_CLIENTS
 
 
 def _remember(record: list, k: int, entry: list) -> list:

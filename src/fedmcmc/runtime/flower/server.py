@@ -60,7 +60,6 @@ from fedmcmc.runtime.flower import secagg
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime import identity
 from fedmcmc.runtime.flower.client import Build, ClientRuntime
-from fedmcmc.runtime.flower.settings import flower_settings
 from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, from_leaves, items, leaves
 from fedmcmc.runtime.records import assemble, check_finite, save_npz
 from fedmcmc.runtime.round import chain_keys
@@ -86,16 +85,19 @@ class ServerRuntime:
     Parameters
     ----------
     cfg_text
-        The run config (``fedmcmc run`` format); its optional ``[flower]`` settings are
-        ``round_timeout`` (seconds a round waits for replies), ``max_upload_norm`` (``"auto"``,
-        above, or a fixed bound on each part's norm) and
-        ``secure_aggregation`` (:mod:`~fedmcmc.runtime.flower.secagg`; the server then sees only
-        each round's sum of the uploads).
+        The run config (``fedmcmc run`` format); the server reads its ``[run]`` and ``[flower]``
+        from the built run's typed settings (``built.settings``,
+        :class:`fedmcmc.runtime.settings.Settings`, checked where the config is parsed): of
+        ``[flower]``, ``round_timeout`` (seconds a round waits for replies), ``max_upload_norm``
+        (``"auto"``, above, or a fixed bound on each part's norm), ``secure_aggregation``
+        (:mod:`~fedmcmc.runtime.flower.secagg`; the server then sees only each round's sum of the
+        uploads) and ``secure_min_clients``.
     out_dir
         Output folder: ``chunks/`` (draws, server state) and ``nodes/`` (the clients' own
         checkpoints in a local run; a real deployment keeps them on each node).
     build
-        ``build(cfg_text) -> (cfg, built)`` (:func:`fedmcmc.app.config.from_text`).
+        ``build(cfg_text) -> (cfg, built)`` (:func:`fedmcmc.app.config.from_text`); ``built``
+        carries the config's typed ``settings``.
     resume
         Continue a run whose server stopped, from its last completed chunk; refused, naming the
         first setting that differs, when the checkpoint is another run's: the run's identity
@@ -110,29 +112,19 @@ class ServerRuntime:
                  overwrite: bool = False):
         self.cfg_text = cfg_text
         self.cfg, self.built = build(cfg_text)
-        self.flower = flower_settings(self.cfg)
+        r, self.flower = self.built.settings.run, self.built.settings.flower
         self.sampler, data = self.built.sampler, self.built.data
         self.b = data.num_clients
-        r = self.cfg["run"]
-        self.seed, self.C = int(r.get("seed", 0)), int(r["num_chains"])
-        self.N, self.burn_in, self.thinning = int(r["num_iterations"]), int(r.get("burn_in", 0)), int(r.get("thinning", 1))
-        self.chunk = int(r.get("chunk_size") or max(self.thinning, (min(self.N, 20) // self.thinning) * self.thinning))
+        self.seed, self.C = r.seed, r.num_chains
+        self.N, self.burn_in, self.thinning = r.num_iterations, r.burn_in, r.thinning
+        self.chunk = r.chunk_size or max(self.thinning, (min(self.N, 20) // self.thinning) * self.thinning)
         self.out_dir, self.resume, self.overwrite = Path(out_dir), resume, overwrite
         if resume and overwrite:
             raise ValueError("give resume (continue the run) or overwrite (replace it), not both")
         self.state_dir = str(state_dir if state_dir is not None else self.out_dir / "nodes")
         self.stats = {"rejected_uploads": 0, "missing_replies": 0, "wire_bits_mismatch": 0, "round_seconds": []}
-        self.secure = self.flower["secure_aggregation"]
-        if not isinstance(self.secure, bool):
-            raise ValueError(f"[flower] secure_aggregation must be true or false (got {self.secure!r})")
-        self.minimum = self.flower["secure_min_clients"]
-        if isinstance(self.minimum, bool) or not isinstance(self.minimum, int) or self.minimum < secagg.MIN_CLIENTS:
-            raise ValueError(f"[flower] secure_min_clients must be an integer >= {secagg.MIN_CLIENTS} (got "
-                             f"{self.minimum!r}): the sum of one client is its upload")
-        self.max_norm = self.flower["max_upload_norm"]
-        if self.max_norm != "auto" and (isinstance(self.max_norm, bool) or not isinstance(self.max_norm, (int, float))
-                                        or not self.max_norm > 0):
-            raise ValueError(f'[flower] max_upload_norm must be "auto" or a positive number (got {self.max_norm!r})')
+        self.secure, self.minimum = self.flower.secure_aggregation, self.flower.secure_min_clients
+        self.max_norm = self.flower.max_upload_norm
         self.norms, self.hashes = deque(maxlen=NORM_WINDOW), deque(maxlen=NORM_WINDOW)  # accepted, per round
         if not self.secure:
             self.stats.update(replayed_uploads=0, copied_uploads=0)
@@ -180,7 +172,7 @@ class ServerRuntime:
         return {"kind": kind, "state_dir": self.state_dir, **fields}
 
     def _all(self, transport, messages: dict, what: str) -> dict:
-        replies = transport.exchange(messages, self.flower["round_timeout"])
+        replies = transport.exchange(messages, self.flower.round_timeout)
         missing = [i for i in messages if replies.get(i) is None]
         if missing:
             raise RuntimeError(f"client(s) {missing} did not answer the {what} message; every client is needed "
@@ -291,7 +283,7 @@ class ServerRuntime:
         if self.secure:
             for m in messages.values():
                 m.update(secure=1, active=leaves([mask]))
-        replies = transport.exchange(messages, self.flower["round_timeout"]) if messages else {}
+        replies = transport.exchange(messages, self.flower.round_timeout) if messages else {}
         uploads = [np.zeros((self.C, self.b) + tuple(x.shape), x.dtype) for x in self.up_leaves]
         effective = np.zeros_like(mask)
         bits = np.zeros((self.C, self.b), np.int64)
@@ -470,7 +462,7 @@ class ServerRuntime:
             chains.setdefault(j, []).append(c)
         asks = {j: self._message("secagg_reveal", k=k, chains=cs, dropped=[dropped[c] for c in cs])
                 for j, cs in chains.items()}
-        replies = transport.exchange(asks, self.flower["round_timeout"])
+        replies = transport.exchange(asks, self.flower.round_timeout)
         own, revealed = {}, {}
         for j, cs in chains.items():
             reply = replies.get(j) or {}
