@@ -48,8 +48,9 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   (``Setting.noise``, :func:`fedmcmc.estimators.curvature.minibatch_noise`) replaces the
   minibatch part of ``M~``. QLSD++'s control variates sit at a past state of the chain rather
   than at the mode, two independent draws apart at most: twice the noise. QLSD++ also keeps
-  Theorem 3's ``gamma <= alpha / (3 m)`` (``alpha`` the memory rate) when ``lambda_min = m`` is
-  given.
+  Theorem 3's ``gamma <= alpha / (3 m)`` (``alpha`` the memory rate, ``p_i / (omega_i + 1)`` by default
+  under ``memory_update = "inverse_probability"``, :mod:`fedmcmc.samplers.qlsd_pp`) when
+  ``lambda_min = m`` is given.
 * QLSD# (Theorem S5) and SGLD: (R1) with the compression and participation terms as above and
   the minibatch noise of a gradient summed over ``N`` points from ``n``, whose covariance is
   ``(N / n - 1)`` times the Fisher information (= the Hessian at the mode):
@@ -212,7 +213,11 @@ def _qlsd_pp(s: Setting) -> tuple[float, str]:
     if s.lambda_min is None or not s.lambda_min > 0 or not s.args.get("memory", True):  # no estimate of m
         return gamma, rule
     rate = s.args.get("memory_rate")
-    alpha = 1.0 / (1.0 + np.max(_omega(s))) if rate is None else float(np.min(rate))
+    if rate is None:  # the builder's default: 1 / (omega_i + 1), p_i / (omega_i + 1) under eq. S45's update
+        default = 1.0 / (1.0 + _omega(s))
+        alpha = float(np.min(default * _probs(s) if s.args.get("memory_update") == "inverse_probability" else default))
+    else:
+        alpha = float(np.min(rate))
     if alpha > 0 and alpha / (3 * s.lambda_min) < gamma:
         return alpha / (3 * s.lambda_min), "alpha / (3 m) (QLSD++ Thm 3)"
     return gamma, rule
