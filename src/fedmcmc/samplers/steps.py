@@ -76,8 +76,19 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   follows one shard, the bias conducive gradients cure exactly only with exact surrogates
   (Gaussian models); Taylor or Laplace surrogates of another likelihood are exact at the mode
   only, so for both samplers a visit is bounded as FA-HMC's round, as one step of ``V h / 2``.
-  CG-DSGLD's SGLD surrogates (``surrogate_step_size = "auto"``, :func:`surrogate_step`) run ULA
-  with ``gamma = h / 2`` on a shard's potential, whose curvature is at most ``L``: ``h = 4 E / L``.
+  CG-DSGLD's visit follows ``v_s + alpha g_s``, the gradient of a potential with the Hessian
+  ``M_s = H_0 + H_s / f_s + alpha (Lambda - Lambda_s / f_s)`` (``Lambda_s`` the precision of shard
+  ``s``'s Gaussian surrogate, ``Lambda = sum_s Lambda_s``; ``Setting.visit``,
+  :func:`fedmcmc.estimators.conducive.visit_curvature`, at the mode): the rule bounds the larger of
+  the shard's own curvature and ``lambda_max(M_s)``, ``h = 4 E / (max_s(max(L w_s / f_s,
+  lambda_max(M_s)) + L kappa_s) V)``. The shard's own term stays because the conducive term is
+  fixed while ``H_s`` moves with ``theta``; Taylor surrogates at the mode give ``M_s = nabla^2 U``,
+  ``lambda_max(M_s) = L``, and DSGLD's step. An indefinite ``M_s`` (surrogates whose precisions
+  do not match the shards' curvatures: ``Lambda_s / f_s`` above ``H_0 + H_s / f_s + Lambda`` in
+  some direction) makes a visit's potential unbounded below, unstable at any step: refused, naming
+  the surrogates. CG-DSGLD's SGLD surrogates (``surrogate_step_size = "auto"``,
+  :func:`surrogate_step`) run ULA with ``gamma = h / 2`` on a shard's potential, whose curvature
+  is at most ``L``: ``h = 4 E / L``.
 * **The clients' drift** (FA-HMC, FA-LD, DSGLD): a chain that follows one local potential
   ``f_c = U_0 + U_c / s_c`` for several steps is pulled towards that client's own mode, and on
   non-IID data the pulls do not cancel. On quadratic ``f_c`` (Hessians ``A_c``, gradients
@@ -113,6 +124,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedmcmc.estimators import surrogates
 from fedmcmc.samplers.trajectories import steps_per_round
 
 #: The largest marginal standard-deviation inflation a rule allows (discretisation and noise).
@@ -132,6 +144,8 @@ class Setting(NamedTuple):
     :attr:`fedmcmc.samplers.Registered.shares`), None when not measured; ``noise`` is ``lambda_max``
     of the control variates' minibatch noise covariance
     (:func:`fedmcmc.estimators.curvature.minibatch_noise` with :func:`noise_weights`), None when not
+    measured; ``visit`` is CG-DSGLD's ``(lambda_max, lambda_min)`` per shard of its visits' potential
+    with the conducive term (:func:`fedmcmc.estimators.conducive.visit_curvature`), None when not
     measured.
     """
 
@@ -143,6 +157,7 @@ class Setting(NamedTuple):
     drift: float | None = None
     spread: float | None = None
     noise: float | None = None
+    visit: tuple | None = None
 
 
 def _omega(s: Setting) -> np.ndarray:
@@ -260,8 +275,20 @@ def _fa_hmc(s: Setting) -> tuple[float, str]:
 def _dsgld(s: Setting) -> tuple[float, str]:
     w = s.counts / s.counts.sum()
     f = np.asarray(s.args["probs"], np.float64)
-    scale = np.max(w / f + (s.counts / _batch(s) - 1.0) * w / f**2)
+    own, kappa = w / f, (s.counts / _batch(s) - 1.0) * w / f**2
     visit = int(s.args["local_steps"])
+    if s.visit is not None:  # CG-DSGLD: the conducive term's curvature too
+        top, low = (np.asarray(v, np.float64) for v in s.visit)
+        if np.any(low < 0):
+            bad = int(np.argmin(low))
+            what, remedy = surrogates.describe(s.args.get("surrogate") or surrogates.taylor())
+            raise ValueError(f"CG-DSGLD's visit potential on shard {bad} is not convex at the mode: H_0 + H_s / f_s + "
+                             f"alpha (Lambda - Lambda_s / f_s) has the eigenvalue {low[bad]:.3g} < 0 with its surrogates "
+                             f"({what}), so a visit diverges at any step; {remedy}, or a smaller alpha")
+        scale = np.max(np.maximum(own, top / s.lambda_max) + kappa)
+        return (4.0 * E / (s.lambda_max * scale * visit),
+                "4E / (max_s(max(L w_s/f_s, lambda_max(M_s)) + L kappa_s) V) (conducive visit curvature)")
+    scale = np.max(own + kappa)
     h, rule = 4.0 * E / (s.lambda_max * scale * visit), "4E / (L max_s(w_s/f_s + kappa_s) V)"
     sds = _in_sds(s)
     if s.spread is None or s.args.get("surrogate") is not None or not sds:
