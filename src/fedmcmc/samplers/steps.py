@@ -281,10 +281,13 @@ def _dsgld(s: Setting) -> tuple[float, str]:
         top, low = (np.asarray(v, np.float64) for v in s.visit)
         if np.any(low < 0):
             bad = int(np.argmin(low))
-            what, remedy = surrogates.describe(s.args.get("surrogate") or surrogates.taylor())
+            what, _ = surrogates.describe(s.args.get("surrogate") or surrogates.taylor())
             raise ValueError(f"CG-DSGLD's visit potential on shard {bad} is not convex at the mode: H_0 + H_s / f_s + "
                              f"alpha (Lambda - Lambda_s / f_s) has the eigenvalue {low[bad]:.3g} < 0 with its surrogates "
-                             f"({what}), so a visit diverges at any step; {remedy}, or a smaller alpha")
+                             f"({what}), so a visit diverges at any step: the surrogate's precision Lambda_s / f_s "
+                             "outweighs the shard's curvature in some direction; use surrogates that match the shards' "
+                             'curvature at the mode (surrogate = "taylor" or "laplace"; for "sgld", more surrogate_steps '
+                             "or a smaller surrogate_step_size), or a smaller alpha")
         scale = np.max(np.maximum(own, top / s.lambda_max) + kappa)
         return (4.0 * E / (s.lambda_max * scale * visit),
                 "4E / (max_s(max(L w_s/f_s, lambda_max(M_s)) + L kappa_s) V) (conducive visit curvature)")
