@@ -367,7 +367,9 @@ def test_the_automatic_step_reads_the_conducive_curvature_and_refuses_an_indefin
     DSGLD's rule (4E / (L max_s(w_s / f_s + kappa_s) V), here with full shards, kappa = 0); with
     over-confident surrogates at uniform f (k = 3: M_s = H_0 + 3 N - 2 N_s / f_s) the smallest shard's
     M_s exceeds every shard's own curvature L w_s / f_s and binds; at k = 5 (M_s = H_0 + 5 N - 4 N_s / f_s,
-    negative for the largest shard) the step is refused in one line naming the surrogates."""
+    -49.8 for the largest shard) the step still bounds the largest M_s (the shard's own bound, at least
+    L, covers a negative eigenvalue down to -L); at k = 8 (-199.8, beyond -L = -150.2) the step is
+    refused in one line naming the surrogates."""
     from fedmcmc.app import step
     from fedmcmc.estimators.gradients import find_mode
     from fedmcmc.samplers import steps
@@ -388,8 +390,18 @@ def test_the_automatic_step_reads_the_conducive_curvature_and_refuses_an_indefin
     assert top > 1.2 * lam * np.max(sizes / n / f)  # the conducive term binds
     assert value == pytest.approx(4 * steps.E / (top * visit), rel=1e-4) and "conducive" in record["rule"]
     args["surrogate"] = _scaled_surrogates([5.0, 5.0])
-    assert np.argmin(1 / TAU2 + sizes / f + 5 * (n - sizes / f)) == 2 and np.min(1 / TAU2 + 5 * n - 4 * sizes / f) < 0
-    with pytest.raises(ValueError, match=r"visit potential on shard 2 is not convex at the mode.*eigenvalue -.*"
-                                         r"a custom surrogate fitter.*any step.*smaller alpha") as err:
+    value, record, _ = step.auto_step(0, "cg-dsgld", args, model, data, mode)
+    curvatures = 1 / TAU2 + sizes / f + 5 * (n - sizes / f)
+    assert -lam < curvatures.min() < 0
+    assert value == pytest.approx(4 * steps.E / (curvatures.max() * visit), rel=1e-4)
+    given = steps.Setting(lam, None, dict(probs=f, local_steps=visit), data.counts, 2,
+                          visit=(np.full(5, 100.0), np.array([50.0, -0.99 * lam, 10.0, 50.0, 50.0])))
+    assert steps.auto_step("cg-dsgld", given)[0] == pytest.approx(4 * steps.E / (200.0 / 150 * lam * visit))
+    with pytest.raises(ValueError, match="shard 1 is not convex"):
+        steps.auto_step("cg-dsgld", given._replace(visit=(given.visit[0], given.visit[1] * 1.02)))
+    args["surrogate"] = _scaled_surrogates([8.0, 8.0])
+    assert np.argmin(1 / TAU2 + sizes / f + 8 * (n - sizes / f)) == 2 and np.min(1 / TAU2 + 8 * n - 7 * sizes / f) < -lam
+    with pytest.raises(ValueError, match=r"visit potential on shard 2 is not convex at the mode.*eigenvalue -200.*"
+                                         r"a custom surrogate fitter.*no step fixes that.*smaller alpha") as err:
         step.auto_step(0, "cg-dsgld", args, model, data, mode)
     assert "\n" not in str(err.value)

@@ -79,14 +79,18 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   CG-DSGLD's visit follows ``v_s + alpha g_s``, the gradient of a potential with the Hessian
   ``M_s = H_0 + H_s / f_s + alpha (Lambda - Lambda_s / f_s)`` (``Lambda_s`` the precision of shard
   ``s``'s Gaussian surrogate, ``Lambda = sum_s Lambda_s``; ``Setting.visit``,
-  :func:`fedmcmc.estimators.conducive.visit_curvature`, at the mode): the rule bounds the larger of
-  the shard's own curvature and ``lambda_max(M_s)``, ``h = 4 E / (max_s(max(L w_s / f_s,
-  lambda_max(M_s)) + L kappa_s) V)``. The shard's own term stays because the conducive term is
-  fixed while ``H_s`` moves with ``theta``; Taylor surrogates at the mode give ``M_s = nabla^2 U``,
-  ``lambda_max(M_s) = L``, and DSGLD's step. An indefinite ``M_s`` (surrogates whose precisions
-  do not match the shards' curvatures: ``Lambda_s / f_s`` above ``H_0 + H_s / f_s + Lambda`` in
-  some direction) makes a visit's potential unbounded below, unstable at any step: refused, naming
-  the surrogates. CG-DSGLD's SGLD surrogates (``surrogate_step_size = "auto"``,
+  :func:`fedmcmc.estimators.conducive.visit_curvature`, at the mode): the rule bounds the largest
+  of the shard's own curvature and ``lambda_max(M_s)``,
+  ``h = 4 E / (max_s(max(L w_s / f_s, lambda_max(M_s)) + L kappa_s) V)``. The shard's own term
+  stays because the conducive term is fixed while ``H_s`` moves with ``theta``; Taylor surrogates
+  at the mode give ``M_s = nabla^2 U``, ``lambda_max(M_s) = L``, and DSGLD's step. A negative
+  eigenvalue ``lambda`` of ``M_s`` (diagonal surrogates of a correlated shard have them) pushes a
+  visit away from the mode along its direction, by ``1 - h lambda / 2`` a step, while the other
+  shards' visits pull back (their average ``sum_s f_s M_s`` is ``nabla^2 U`` up to the surrogates'
+  error); down to ``-L`` the bound covers it (``max_s w_s / f_s >= 1``, so the step keeps
+  ``h V |lambda| / 2 <= 2E`` over a visit). One beyond ``-L`` means the surrogate's precision
+  ``Lambda_s / f_s`` outweighs the shard's curvature by more than the posterior's stiffest
+  direction, so the step would be set by a failed fit: refused, naming the surrogates. CG-DSGLD's SGLD surrogates (``surrogate_step_size = "auto"``,
   :func:`surrogate_step`) run ULA with ``gamma = h / 2`` on a shard's potential, whose curvature
   is at most ``L``: ``h = 4 E / L``.
 * **The clients' drift** (FA-HMC, FA-LD, DSGLD): a chain that follows one local potential
@@ -279,15 +283,16 @@ def _dsgld(s: Setting) -> tuple[float, str]:
     visit = int(s.args["local_steps"])
     if s.visit is not None:  # CG-DSGLD: the conducive term's curvature too
         top, low = (np.asarray(v, np.float64) for v in s.visit)
-        if np.any(low < 0):
+        if np.any(-low > s.lambda_max):
             bad = int(np.argmin(low))
             what, _ = surrogates.describe(s.args.get("surrogate") or surrogates.taylor())
             raise ValueError(f"CG-DSGLD's visit potential on shard {bad} is not convex at the mode: H_0 + H_s / f_s + "
-                             f"alpha (Lambda - Lambda_s / f_s) has the eigenvalue {low[bad]:.3g} < 0 with its surrogates "
-                             f"({what}), so a visit diverges at any step: the surrogate's precision Lambda_s / f_s "
-                             "outweighs the shard's curvature in some direction; use surrogates that match the shards' "
-                             'curvature at the mode (surrogate = "taylor" or "laplace"; for "sgld", more surrogate_steps '
-                             "or a smaller surrogate_step_size), or a smaller alpha")
+                             f"alpha (Lambda - Lambda_s / f_s) has the eigenvalue {low[bad]:.3g}, beyond the posterior's "
+                             f"-lambda_max = {-s.lambda_max:.3g}, with its surrogates ({what}): the surrogate's "
+                             "precision Lambda_s / f_s outweighs the shard's curvature, a visit is pushed away from the "
+                             "mode faster than the posterior pulls, and no step fixes that; use surrogates that match "
+                             'the shards\' curvature at the mode (surrogate = "taylor" or "laplace"; for "sgld", more '
+                             "surrogate_steps or a smaller surrogate_step_size), or a smaller alpha")
         scale = np.max(np.maximum(own, top / s.lambda_max) + kappa)
         return (4.0 * E / (s.lambda_max * scale * visit),
                 "4E / (max_s(max(L w_s/f_s, lambda_max(M_s)) + L kappa_s) V) (conducive visit curvature)")
