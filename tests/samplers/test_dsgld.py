@@ -303,3 +303,105 @@ def test_taylor_surrogates_at_the_anchor_make_every_shards_potential_the_posteri
         np.testing.assert_allclose(a, exact, rtol=1e-3, atol=1e-3 * np.abs(exact).max())
     loose = [np.linalg.eigvalsh(a) for a in local_hessians(conducive())]
     assert min(e[0] for e in loose) < -1.0 and max(e[-1] for e in loose) > 1.5 * np.linalg.eigvalsh(exact)[-1]
+
+
+def _scaled_surrogates(k):
+    """A fitter of diagonal Gaussian surrogates with precision ``k N_s`` per coordinate (``k`` one
+    value per coordinate): the shard's likelihood curvature times ``k``, exact for ``k = 1``."""
+    k = jnp.asarray(k, jnp.float32)
+
+    def fit(key, model, client_data, theta0, share):
+        precision = k * client_data.count.astype(jnp.float32)
+        return surrogates.GaussianSurrogate(precision, precision * theta0)
+
+    return fit
+
+
+def test_a_diverging_sgld_surrogate_is_refused_naming_its_fitter_and_a_good_one_runs():
+    """A surrogate whose local Langevin chain diverges (step 10 on shards of curvature ~30) is not
+    finite: refused after the setup exchange, naming the shard, the fitter and its remedy (a smaller
+    surrogate_step_size or more surrogate_steps), not the sampler's step. A good fit runs, and the
+    automatic step's own fit (visit_curvature) refuses the bad one in the same words."""
+    from fedmcmc.estimators.conducive import conducive, visit_curvature
+
+    data, model = blobs(), gaussian_mean(2, prior_scale=np.sqrt(TAU2))
+    f = np.asarray(data.weights)
+    bad = surrogates.sgld_moments(10.0, num_steps=50, burn_in=10)
+    pattern = (r"shard \d's Gaussian surrogate is not finite .*surrogate = \"sgld\".*surrogate_step_size = 10.*"
+               r"smaller surrogate_step_size .* more surrogate_steps.*step_size is not the cause")
+    with pytest.raises(ValueError, match=pattern) as err:
+        simulate(0, cg_dsgld(model, f, 1e-3, 2, bad), data, np.zeros(2), 3)
+    assert "\n" not in str(err.value) and "lower the step" not in str(err.value)
+    with pytest.raises(ValueError, match=pattern):
+        visit_curvature(jax.random.key(0), model, data, np.zeros(2), f, conducive(bad))
+    good = surrogates.sgld_moments(1e-3, num_steps=200, burn_in=50)
+    res = simulate(0, cg_dsgld(model, f, 1e-3, 2, good), data, np.zeros(2), 3)
+    assert np.all(np.isfinite(res.samples))
+
+
+@pytest.mark.parametrize("full_dim", [None, 0])  # dense eigenvalues, then power iterations
+def test_the_visit_curvature_includes_the_conducive_term_in_closed_form(full_dim):
+    """Gaussian shards: H_0 = I / tau^2, H_s = N_s I. With diagonal surrogates of precision k_j N_s
+    (coordinate j), a visit's Hessian is M_s = H_0 + N_s / f_s + alpha k_j (N - N_s / f_s) per coordinate;
+    Taylor surrogates (k = 1) give the posterior's H = H_0 + N on every shard."""
+    from fedmcmc.estimators.conducive import conducive, visit_curvature
+
+    data, model = blobs(), gaussian_mean(2, prior_scale=np.sqrt(TAU2))
+    sizes, f, alpha = np.asarray(data.counts, float), np.full(5, 0.2), 0.8
+    n = sizes.sum()
+    k = np.array([0.5, 0.7])
+    got = visit_curvature(jax.random.key(0), model, data, np.zeros(2), f, conducive(_scaled_surrogates(k), alpha),
+                          full_dim=full_dim)
+    exact = 1 / TAU2 + sizes[:, None] / f[:, None] + alpha * k * (n - sizes[:, None] / f[:, None])  # [S, 2]
+    rtol = 1e-4 if full_dim is None else 1e-3  # power iterations stop at a relative change of 1e-6
+    np.testing.assert_allclose(got.top, exact.max(axis=1), rtol=rtol)
+    np.testing.assert_allclose(got.low, exact.min(axis=1), rtol=rtol)
+    taylor = visit_curvature(jax.random.key(0), model, data, np.zeros(2), f, conducive(surrogates.taylor("full")),
+                             full_dim=full_dim)
+    np.testing.assert_allclose(taylor.top, 1 / TAU2 + n, rtol=1e-4)
+    np.testing.assert_allclose(taylor.low, 1 / TAU2 + n, rtol=1e-3)
+
+
+def test_the_automatic_step_reads_the_conducive_curvature_and_refuses_an_indefinite_visit():
+    """CG-DSGLD's step_size = "auto" on the Gaussian shards: with Taylor surrogates at the mode it is
+    DSGLD's rule (4E / (L max_s(w_s / f_s + kappa_s) V), here with full shards, kappa = 0); with
+    over-confident surrogates at uniform f (k = 3: M_s = H_0 + 3 N - 2 N_s / f_s) the smallest shard's
+    M_s exceeds every shard's own curvature L w_s / f_s and binds; at k = 5 (M_s = H_0 + 5 N - 4 N_s / f_s,
+    -49.8 for the largest shard) the step still bounds the largest M_s (the shard's own bound, at least
+    L, covers a negative eigenvalue down to -L); at k = 8 (-199.8, beyond -L = -150.2) the step is
+    refused in one line naming the surrogates."""
+    from fedmcmc.app import step
+    from fedmcmc.estimators.gradients import find_mode
+    from fedmcmc.samplers import steps
+
+    data, model = blobs(), gaussian_mean(2, prior_scale=np.sqrt(TAU2))
+    sizes = np.asarray(data.counts, float)
+    n, lam, visit = sizes.sum(), sizes.sum() + 1 / TAU2, 3
+    mode = find_mode(model, data)
+    for f in (np.asarray(data.weights), np.full(5, 0.2)):
+        args = dict(model=model, probs=f, local_steps=visit, surrogate=surrogates.taylor("full"))
+        value, record, _ = step.auto_step(0, "cg-dsgld", args, model, data, mode)
+        assert value == pytest.approx(4 * steps.E / (lam * np.max(sizes / n / f) * visit), rel=1e-4)
+        assert record["visit_curvature"] == pytest.approx(lam, rel=1e-4)
+    f = np.full(5, 0.2)
+    args = dict(model=model, probs=f, local_steps=visit, surrogate=_scaled_surrogates([3.0, 3.0]))
+    value, record, _ = step.auto_step(0, "cg-dsgld", args, model, data, mode)
+    top = np.max(1 / TAU2 + sizes / f + 3 * (n - sizes / f))
+    assert top > 1.2 * lam * np.max(sizes / n / f)  # the conducive term binds
+    assert value == pytest.approx(4 * steps.E / (top * visit), rel=1e-4) and "conducive" in record["rule"]
+    args["surrogate"] = _scaled_surrogates([5.0, 5.0])
+    value, record, _ = step.auto_step(0, "cg-dsgld", args, model, data, mode)
+    curvatures = 1 / TAU2 + sizes / f + 5 * (n - sizes / f)
+    assert -lam < curvatures.min() < 0
+    assert value == pytest.approx(4 * steps.E / (curvatures.max() * visit), rel=1e-4)
+    given = steps.Setting(lam, None, dict(probs=f, local_steps=visit), data.counts, 2,
+                          visit=(np.full(5, 100.0), np.array([50.0, -0.99 * lam, 10.0, 50.0, 50.0])))
+    assert steps.auto_step("cg-dsgld", given)[0] == pytest.approx(4 * steps.E / (200.0 / 150 * lam * visit))
+    with pytest.raises(ValueError, match="shard 1 is not convex"):
+        steps.auto_step("cg-dsgld", given._replace(visit=(given.visit[0], given.visit[1] * 1.02)))
+    args["surrogate"] = _scaled_surrogates([8.0, 8.0])
+    assert np.argmin(1 / TAU2 + sizes / f + 8 * (n - sizes / f)) == 2 and np.min(1 / TAU2 + 8 * n - 7 * sizes / f) < -lam
+    with pytest.raises(ValueError, match=r"visit potential on shard 2 is not convex at the mode.*eigenvalue -200.*"
+                                         r"a custom surrogate fitter.*no step fixes that.*smaller alpha") as err:
+        step.auto_step(0, "cg-dsgld", args, model, data, mode)
+    assert "\n" not in str(err.value)

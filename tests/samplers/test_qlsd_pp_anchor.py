@@ -108,12 +108,34 @@ def test_memory_updates_agree_under_full_participation():
 def test_memory_updates_differ_under_partial_participation_and_s45_needs_probabilities():
     q = quantization(4)
     part = participation.bernoulli([0.5, 0.6, 0.7, 0.8], "inverse_probability")
-    c = simulate(2, qlsd_pp(MODEL, GAMMA, BATCH, q, part, refresh_every=L), DATA, THETA0, 30, num_chains=2)
-    d = simulate(2, qlsd_pp(MODEL, GAMMA, BATCH, q, part, refresh_every=L, memory_update="inverse_probability"),
-                 DATA, THETA0, 30, num_chains=2)
+    c = simulate(2, qlsd_pp(MODEL, GAMMA, BATCH, q, part, refresh_every=L, memory_rate=0.3), DATA, THETA0, 30,
+                 num_chains=2)
+    d = simulate(2, qlsd_pp(MODEL, GAMMA, BATCH, q, part, refresh_every=L, memory_rate=0.3,
+                            memory_update="inverse_probability"), DATA, THETA0, 30, num_chains=2)
     assert not np.array_equal(c.samples, d.samples)
     no_probs = Participation(part.sample, part.weights, name="custom")
     with pytest.raises(ValueError, match="no probabilities"):
         qlsd_pp(MODEL, GAMMA, BATCH, q, no_probs, memory_update="inverse_probability")
     with pytest.raises(ValueError, match="memory_update"):
         qlsd_pp(MODEL, GAMMA, BATCH, q, memory_update="S45")
+
+
+def test_s45_default_rate_is_the_algorithm_box_and_a_rate_past_its_bound_is_refused():
+    """Under eq. S45 the default alpha_i = p_i / (omega_i + 1) applies 1 / (omega_i + 1) on active
+    clients, the algorithm box's default chain bit for bit; a given alpha with
+    alpha (omega + 1) / p_i > 1 (here LSD++'s alpha = 1 at p = 1/4, and QLSD++'s alpha = 1 / (omega + 1)
+    at p_i < 1) is refused in one line naming the bound and the fix."""
+    q = quantization(4)
+    part = participation.bernoulli([0.25, 0.5, 0.6, 0.8], "inverse_probability")
+    a = simulate(2, qlsd_pp(MODEL, GAMMA, BATCH, q, part, refresh_every=L), DATA, THETA0, 20, num_chains=2)
+    b = simulate(2, qlsd_pp(MODEL, GAMMA, BATCH, q, part, refresh_every=L, memory_update="inverse_probability"),
+                 DATA, THETA0, 20, num_chains=2)
+    np.testing.assert_array_equal(a.samples, b.samples)
+    omega = q.omega(MODEL.dim)
+    with pytest.raises(ValueError, match=r"alpha \(omega \+ 1\) / p_i <= 1.*give memory_rate <= p_i / \(omega \+ 1\)"):
+        lsd_pp(MODEL, GAMMA, BATCH, participation.bernoulli(0.25, "inverse_probability"), memory_rate=1.0,
+               memory_update="inverse_probability")
+    with pytest.raises(ValueError, match="S45"):
+        qlsd_pp(MODEL, GAMMA, BATCH, q, part, memory_rate=1 / (omega + 1), memory_update="inverse_probability")
+    qlsd_pp(MODEL, GAMMA, BATCH, q, part, memory_rate=0.25 / (omega + 1), memory_update="inverse_probability")
+    qlsd_pp(MODEL, GAMMA, BATCH, q, part, memory_rate=1 / (omega + 1))  # the algorithm box has no 1 / p_i

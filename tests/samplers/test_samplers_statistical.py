@@ -112,3 +112,78 @@ def test_memory_reduces_compression_noise():
     _, b = h.chain_moments(without, MU)
     se = np.sqrt(a.var(axis=0, ddof=1) / a.shape[0] + b.var(axis=0, ddof=1) / b.shape[0])
     assert np.all(b.mean(axis=0) - a.mean(axis=0) > h.Z * se)
+
+
+def s45_lsd_pp_law(data, gamma, p, rate):
+    """The exact stationary mean and per-coordinate variance of LSD++ with full batches, 1/p_i
+    participation and memory rate ``rate`` on the active clients (flat prior), or None if the
+    chain has none. Per coordinate the state ``z = (theta, eta_1..eta_b)`` moves by the affine map
+    ``z' = A(m) z + c(m) + sqrt(2 gamma) Z e_0`` of the round's mask ``m`` (independent of ``z``):
+    ``g = sum_j eta_j + sum_i (m_i / p_i)(N_i (theta - xbar_i) - eta_i)``, ``theta' = theta - gamma g``,
+    ``eta_i' = eta_i + rate_i m_i (N_i (theta - xbar_i) - eta_i)``; the first and second moments
+    solve linear equations, summed over the 2^b masks."""
+    import itertools
+
+    arrays = h.client_arrays(data)
+    b = len(arrays)
+    sizes = np.array([x.shape[0] for x in arrays], float)
+    means = np.stack([x.mean(axis=0) for x in arrays])  # [b, d]
+    p, rate = np.broadcast_to(np.asarray(p, float), (b,)), np.broadcast_to(np.asarray(rate, float), (b,))
+    masks = np.array(list(itertools.product((0.0, 1.0), repeat=b)))
+    weights = np.prod(np.where(masks > 0, p, 1 - p), axis=1)
+    n = b + 1
+    out_mean, out_var = [], []
+    for coord in range(means.shape[1]):
+        xb = means[:, coord]
+        mats, shifts = [], []
+        for m in masks:
+            a = np.eye(n)
+            a[0, 0] -= gamma * np.sum(m / p * sizes)
+            a[0, 1:] = -gamma * (1 - m / p)
+            a[1:, 0] = rate * m * sizes
+            a[1:, 1:] -= np.diag(rate * m)
+            mats.append(a)
+            shifts.append(np.concatenate([[gamma * np.sum(m / p * sizes * xb)], -rate * m * sizes * xb]))
+        mats, shifts = np.array(mats), np.array(shifts)
+        second = np.einsum("k,kij,kab->iajb", weights, mats, mats).reshape(n * n, n * n)
+        if np.max(np.abs(np.linalg.eigvals(second))) >= 1:
+            return None
+        mu = np.linalg.solve(np.eye(n) - np.einsum("k,kij->ij", weights, mats), weights @ shifts)
+        am = np.einsum("kij,j->ki", mats, mu)
+        rest = np.einsum("k,ki,kj->ij", weights, am, shifts)
+        rest = rest + rest.T + np.einsum("k,ki,kj->ij", weights, shifts, shifts)
+        rest[0, 0] += 2 * gamma
+        s = np.linalg.solve(np.eye(n * n) - second, rest.reshape(-1)).reshape(n, n)
+        out_mean.append(mu[0])
+        out_var.append(s[0, 0] - mu[0] ** 2)
+    return np.array(out_mean), np.array(out_var)
+
+
+def test_s45_memory_with_its_default_rate_is_stable_and_has_the_exact_law_at_p_one_quarter():
+    """Eq. S45's memory update at p = 1/4 on the heterogeneous Gaussian: with the old default rate
+    alpha / p_i = 4 (alpha = 1 / (omega + 1) = 1) the memory error is multiplied by -3 on each active
+    round and the chain has no stationary law (it diverged within 200 rounds); with the default
+    alpha = p_i / (omega + 1), LSD++'s draws have the exact stationary mean and variance of its
+    chain, and QLSD++'s (16 levels) its mean, with a variance no smaller than LSD++'s."""
+    from fedmcmc.data.synthetic import heterogeneous_gaussian
+    from fedmcmc.models import gaussian_mean
+
+    data, p = heterogeneous_gaussian(num_clients=6, dim=3), 0.25
+    model, n = gaussian_mean(3), data.total
+    gamma, mu = 0.2 / n, h.xbar(data)
+    assert s45_lsd_pp_law(data, gamma, p, 1 / p) is None  # the old default: no stationary law
+    law = s45_lsd_pp_law(data, gamma, p, 1.0)
+    np.testing.assert_allclose(law[0], mu, rtol=1e-9)
+    part = participation.bernoulli(p, "inverse_probability")
+    lsd = h.run(lsd_pp(model, gamma, None, part, memory_update="inverse_probability"), data, chains=1000,
+                iterations=500, burn_in=200)
+    h.check_gaussian(lsd, mu, law[1], "LSD++ S45 p = 1/4")
+    # power: the law differs from ULA's by far more than the tolerance
+    _, sq = h.chain_moments(lsd, mu)
+    assert np.all(np.abs(law[1] - h.ula_variance(gamma, n)) > 2 * h.Z * sq.std(axis=0) / np.sqrt(sq.shape[0]))
+    qlsd = h.run(qlsd_pp(model, gamma, None, quantization(16), part, memory_update="inverse_probability"), data,
+                 chains=1000, iterations=500, burn_in=200)
+    means, sq = h.chain_moments(qlsd, mu)
+    h.assert_close(means, mu, "QLSD++ S45 p = 1/4 mean")
+    m, se = sq.mean(axis=0), sq.std(axis=0, ddof=1) / np.sqrt(sq.shape[0])
+    assert np.all(np.isfinite(qlsd)) and np.all(m >= law[1] - h.Z * se), (m, law[1])

@@ -89,7 +89,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "lam": "Added to the preconditioner's square root, keeping it bounded.",
         "refresh_every": "Rounds between moves of the SVRG anchor.",
         "memory": "Use the memory terms (false: QLSD with SVRG gradients).",
-        "memory_rate": "Memory rate alpha in [0, 1] (one, or one per client); default `1 / (omega + 1)`.",
+        "memory_rate": ("Memory rate alpha in [0, 1] (one, or one per client); default `1 / (omega + 1)`, or "
+                        '`p_i / (omega + 1)` with `memory_update = "inverse_probability"`, which refuses '
+                        "`alpha (omega + 1) / p_i > 1`."),
         "memory_update": '`"algorithm"` (Algorithm 2) or `"inverse_probability"` (scaled by 1/p_i).',
         "num_leapfrog": "K, leapfrog steps per trajectory (the momentum is redrawn every K steps).",
         "local_steps": "Local steps per round (FA-HMC: counted on `clock`).",

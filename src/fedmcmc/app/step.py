@@ -7,7 +7,10 @@ product), and for a sampler whose registry entry names its clients' shares
 (:attr:`fedmcmc.samplers.Registered.shares`) the clients' heterogeneity there
 (:func:`fedmcmc.estimators.curvature.heterogeneity`, one round), and for control variates
 (:attr:`~fedmcmc.samplers.Registered.control_points`: QLSD*, QLSD++) with minibatches their
-minibatch noise (:func:`fedmcmc.estimators.curvature.minibatch_noise`, a power iteration), feed
+minibatch noise (:func:`fedmcmc.estimators.curvature.minibatch_noise`, a power iteration), and for
+CG-DSGLD the curvature of its visits with the conducive term, from its surrogates fitted at the mode
+(:func:`fedmcmc.estimators.conducive.visit_curvature`; with ``surrogate_step_size = "auto"``, set
+from the step, Taylor surrogates stand in for the SGLD ones), feed
 the sampler's rule (:attr:`fedmcmc.samplers.Registered.step`, documented per sampler in
 :mod:`fedmcmc.samplers.steps`). The record says what was chosen and what it cost: the power
 iterations' rounds and bits, plus the mode's when it was found for the step alone (a sampler that
@@ -16,9 +19,12 @@ needs the mode, QLSD*, counts it as ``theta_star`` in ``results.json``).
 
 from __future__ import annotations
 
+import inspect
+
 import jax
 import numpy as np
 
+from fedmcmc.estimators import conducive as conducive_lib
 from fedmcmc.estimators import curvature as curvature_lib
 from fedmcmc.estimators import approximation, gradients
 from fedmcmc.runtime.settings import RunSettings
@@ -56,8 +62,15 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None, whitened
     if shares:  # the clients' drift and noise at the mode: one more round
         pull = curvature_lib.heterogeneity(model, data, mode.theta, args[shares])
         rounds, bits = rounds + pull.rounds, bits + pull.bits_up + pull.bits_down
+    visit = None
+    if "surrogate" in inspect.signature(REGISTRY[name].build).parameters:  # CG-DSGLD: the conducive curvature
+        visit = conducive_lib.visit_curvature(
+            jax.random.fold_in(jax.random.key(seed), 3), model, data, mode.theta, args["probs"],
+            conducive_lib.conducive(args.get("surrogate"), args.get("alpha", 1.0), args.get("likelihood_only", False)))
+        rounds, bits = rounds + visit.rounds, bits + visit.bits_up + visit.bits_down
     setting = Setting(found.lambda_max, found.lambda_min, args, counts, int(model.dim),
-                      *((pull.drift, pull.spread) if pull else (None, None)))
+                      *((pull.drift, pull.spread) if pull else (None, None)),
+                      visit=None if visit is None else (visit.top, visit.low))
     weights, noise = noise_weights(name, setting), None
     if weights is not None and (whitened or model.dim <= approximation.FULL_DIM):
         cov = None
@@ -75,6 +88,7 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None, whitened
               "lambda_min": found.lambda_min, "converged": found.converged and (noise is None or noise.converged),
               "rounds": rounds, "bits": bits, **({"drift": pull.drift, "spread": pull.spread} if pull else {}),
               **({"minibatch_noise": noise.lambda_max} if noise else {}),
+              **({"visit_curvature": float(visit.top.max())} if visit is not None else {}),
               **({"rounds_per_draw": per_draw} if per_draw else {})}
     return value, record, mode
 

@@ -104,11 +104,25 @@ def product(surrogates: GaussianSurrogate) -> GaussianSurrogate:
     return GaussianSurrogate(jnp.sum(surrogates.precision, axis=0), jnp.sum(surrogates.shift, axis=0))
 
 
-def check(precision, shift, shard: int) -> None:
-    """Raise a one-line ``ValueError`` naming shard ``shard`` unless its surrogate (natural
-    parameters ``precision`` and ``shift``, NumPy arrays with any leading axes, e.g. chains) is a
-    proper Gaussian: finite, its precision symmetric and positive definite (up to float32
-    rounding: eigenvalues above ``-d eps max|l|``), its mean finite."""
+def describe(fit) -> tuple[str, str]:
+    """``(what, remedy)`` of a fitter: what it is (``surrogate = "sgld", ...``) and what to change
+    when its fit fails; generic for a fitter not made here."""
+    return (getattr(fit, "what", "a custom surrogate fitter"),
+            getattr(fit, "remedy", "check that shard's data for extreme values, standardise the features (and a "
+                                   "regression's response), or choose another [sampler] surrogate"))
+
+
+def _named(fit, what: str, remedy: str):
+    fit.what, fit.remedy = what, remedy
+    return fit
+
+
+def check(precision, shift, shard: int, fit=None) -> None:
+    """Raise a one-line ``ValueError`` naming shard ``shard`` and its fitter ``fit`` (:func:`describe`)
+    unless its surrogate (natural parameters ``precision`` and ``shift``, NumPy arrays with any
+    leading axes, e.g. chains) is a proper Gaussian: finite, its precision symmetric and positive
+    definite (up to float32 rounding: eigenvalues above ``-d eps max|l|``), its mean finite. The
+    message gives the fitter's own remedy, not the sampler's step."""
     precision, shift = np.asarray(precision, np.float64), np.asarray(shift, np.float64)
     d = shift.shape[-1]
     problem = None
@@ -131,9 +145,9 @@ def check(precision, shift, shard: int) -> None:
     if problem is None and not np.all(np.isfinite(mean)):
         problem = "has a mean that is not finite"
     if problem is not None:
-        raise ValueError(f"shard {shard}'s Gaussian surrogate {problem}: its local fit failed; check that shard's "
-                         "data for extreme values, standardise the features (and a regression's response), or "
-                         "choose another [sampler] surrogate")
+        what, remedy = describe(fit)
+        raise ValueError(f"shard {shard}'s Gaussian surrogate {problem}: its local fit ({what}) failed; {remedy} "
+                         "(the sampler's step_size is not the cause)")
 
 
 def surrogate_bits(dim: int, covariance: str) -> int:
@@ -186,7 +200,9 @@ def taylor(covariance: str = "full", min_precision: float = 1e-6):
         del key
         return _expansion(local_log_density(model, client_data, share), theta0, covariance, min_precision)
 
-    return fit
+    return _named(fit, f'surrogate = "taylor", {covariance} covariance',
+                  'fit it at the mode (a run that has the mode does: step_size = "auto" or whitened), or use '
+                  'surrogate = "laplace"; check that shard\'s data for extreme values')
 
 
 def laplace(covariance: str = "full", num_steps: int = 50, damping: float = 1e-3, min_precision: float = 1e-6,
@@ -231,7 +247,9 @@ def laplace(covariance: str = "full", num_steps: int = 50, damping: float = 1e-3
         mode = jax.lax.fori_loop(0, num_steps, newton, theta0)
         return _expansion(log_density, mode, covariance, min_precision)
 
-    return fit
+    return _named(fit, f'surrogate = "laplace", {covariance} covariance, {num_steps} Newton steps',
+                  'use surrogate = "taylor" (at the mode), or check that shard\'s data (a separable shard of a '
+                  'logistic regression has no local mode: keep the prior share, likelihood_only = false)')
 
 
 def sgld_moments(step_size: float, num_steps: int, burn_in: int, covariance: str = "diag",
@@ -282,4 +300,7 @@ def sgld_moments(step_size: float, num_steps: int, burn_in: int, covariance: str
         mean = theta0 + mean_c
         return GaussianSurrogate(precision, matvec(precision, mean))
 
-    return fit
+    return _named(fit, f'surrogate = "sgld", {covariance} covariance, surrogate_step_size = {float(step_size):.3g}, '
+                       f'surrogate_steps = {int(num_steps)}, surrogate_burn_in = {int(burn_in)}',
+                  'its local Langevin chain diverged or kept too few draws: give a smaller surrogate_step_size '
+                  '(or "auto" with step_size = "auto") or more surrogate_steps, or use surrogate = "taylor"')

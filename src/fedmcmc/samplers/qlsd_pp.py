@@ -47,6 +47,22 @@ on the server, so ``eta = sum_i eta_i`` stays exact). Both leave the drift unbia
 adds all of ``eta`` and the active clients' corrections. Under full participation they are the
 same chain.
 
+**S45's memory rate.** With ``e = eta_i - G_i`` the memory's error, S45 maps it to
+``e + alpha S_i(C_i(-e))``, whose mean square is
+
+    E||e'||^2 <= (1 - 2 alpha + alpha^2 (omega_i + 1) / p_i) ||e||^2,
+
+since ``E||S_i(C_i(x))||^2 <= (omega_i + 1) ||x||^2 / p_i``. It contracts, by ``1 - alpha`` as Lemma
+S8 uses, when ``alpha (omega_i + 1) / p_i <= 1``. The paper's text states the condition as
+``alpha (omega_i + 1) <= 1`` (Theorem 3, Lemma S8 and its eq. S53, which drops S_i's ``1 / p_i``
+from the second moment) and runs ``alpha = 1 / (omega + 1)``, also with p = 0.25 (Section 4's
+ResNet-20): under S45 that rate is ``1 / (p_i (omega_i + 1))`` and, for p_i < 1/2, the factor
+above exceeds 1 (LSD++ at p = 1/4: ``e' = -3 e`` on a client's active rounds) and the chain
+diverges. So under ``"inverse_probability"`` the default is ``alpha_i = p_i / (omega_i + 1)``, the
+largest rate the corrected bound allows for each client; its rate ``alpha_i / p_i`` is then
+``1 / (omega_i + 1)``, and the chain is the algorithm box's with its default ``alpha``, bit for
+bit. A given ``memory_rate`` with ``alpha_i (omega_i + 1) / p_i > 1`` is refused.
+
 With ``memory=False``, or equivalently ``memory_rate=0`` (alpha = 0, so eta stays 0), this is
 QLSD with SVRG gradients ("QLSD++ without memory", Vono et al., supplement Figure S3). LSD++
 (Algorithm S3) is QLSD++ with the identity compressor, memory included (:func:`lsd_pp`).
@@ -105,12 +121,18 @@ class QLSDPPBroadcast(NamedTuple):
 
 def memory_rates(compressor, dim: int, participation: Participation, memory: bool, memory_rate,
                  memory_update: str) -> np.ndarray:
-    """``alpha_i`` (float64, scalar or per client): ``1 / (omega_i + 1)`` or ``memory_rate`` in
-    ``[0, 1]``, 0 without memory, divided by ``p_i`` for ``memory_update="inverse_probability"``."""
+    """The memory rate applied on an active client, float64 (scalar or per client).
+
+    Under ``memory_update="algorithm"`` it is ``alpha_i``: ``1 / (omega_i + 1)`` by default, or
+    ``memory_rate`` in ``[0, 1]``; 0 without memory. Under ``"inverse_probability"`` (eq. S45)
+    it is ``alpha_i / p_i``, with ``alpha_i = p_i / (omega_i + 1)`` by default (so the rate is
+    ``1 / (omega_i + 1)``), and a given ``alpha_i`` must satisfy ``alpha_i (omega_i + 1) / p_i <= 1``
+    (the module docstring says why); a larger one is refused in one line.
+    """
     checks.choice("memory_update", memory_update, MEMORY_UPDATES)
+    omega = np.asarray(compressor.omega(dim), np.float64)
     if memory:
-        alpha = (1.0 / (np.asarray(compressor.omega(dim), np.float64) + 1.0)
-                 if memory_rate is None else np.asarray(memory_rate, np.float64))
+        alpha = 1.0 / (omega + 1.0) if memory_rate is None else np.asarray(memory_rate, np.float64)
         if not np.all(np.isfinite(alpha)) or np.any(alpha < 0) or np.any(alpha > 1):
             raise ValueError(f"memory_rate alpha must lie in [0, 1] (got {alpha.tolist()}); "
                              "0 switches the memory off, 1 / (omega + 1) is the default")
@@ -120,7 +142,16 @@ def memory_rates(compressor, dim: int, participation: Participation, memory: boo
         if participation.probs is None:
             raise ValueError(f"memory_update='inverse_probability' divides by p_i, and the participation scheme "
                              f"{participation.name!r} has no probabilities (Participation.probs is None)")
-        alpha = alpha / np.asarray(participation.probs, np.float64)  # per client if either is
+        probs = np.asarray(participation.probs, np.float64)
+        if not memory or memory_rate is None:  # alpha_i = p_i / (omega_i + 1): the rate alpha_i / p_i, exactly
+            return alpha
+        bound = probs / (omega + 1.0)
+        if np.any(alpha > bound * (1 + 1e-12)):
+            raise ValueError(f"memory_rate alpha = {alpha.tolist()} breaks eq. S45's contraction "
+                             f"alpha (omega + 1) / p_i <= 1 (alpha <= {np.round(bound, 6).tolist()} here, omega = "
+                             f"{np.round(omega, 6).tolist()}, p_i = {probs.tolist()}): the memory terms diverge; "
+                             "give memory_rate <= p_i / (omega + 1), or leave it out (that default)")
+        alpha = alpha / probs  # per client if either is
     return alpha
 
 
@@ -146,13 +177,15 @@ def qlsd_pp(model: Model, step_size, batch_size=None, compressor=None, participa
     memory
         Use memory terms (``eta_i``); False gives QLSD with SVRG gradients.
     memory_rate
-        ``alpha`` in ``[0, 1]`` (scalar or per client); default ``1 / (omega_i + 1)``.
+        ``alpha`` in ``[0, 1]`` (scalar or per client); default ``1 / (omega_i + 1)``
+        (``p_i / (omega_i + 1)`` under ``memory_update="inverse_probability"``).
         ``alpha = 0`` switches a client's memory off (its ``eta_i`` stays 0), so
         ``memory_rate=0`` runs the same chain as ``memory=False``.
     memory_update
         ``"algorithm"`` (default): ``eta_i += alpha_i Delta_i`` as in Algorithm 2;
         ``"inverse_probability"``: ``eta_i += (alpha_i / p_i) Delta_i`` as in eq. S45, with ``p_i``
-        from ``participation.probs``.
+        from ``participation.probs``; then ``alpha_i`` defaults to ``p_i / (omega_i + 1)`` and must
+        satisfy ``alpha_i (omega_i + 1) / p_i <= 1`` (module docstring).
     name
         Short name used in outputs.
 

@@ -48,8 +48,9 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   (``Setting.noise``, :func:`fedmcmc.estimators.curvature.minibatch_noise`) replaces the
   minibatch part of ``M~``. QLSD++'s control variates sit at a past state of the chain rather
   than at the mode, two independent draws apart at most: twice the noise. QLSD++ also keeps
-  Theorem 3's ``gamma <= alpha / (3 m)`` (``alpha`` the memory rate) when ``lambda_min = m`` is
-  given.
+  Theorem 3's ``gamma <= alpha / (3 m)`` (``alpha`` the memory rate, ``p_i / (omega_i + 1)`` by default
+  under ``memory_update = "inverse_probability"``, :mod:`fedmcmc.samplers.qlsd_pp`) when
+  ``lambda_min = m`` is given.
 * QLSD# (Theorem S5) and SGLD: (R1) with the compression and participation terms as above and
   the minibatch noise of a gradient summed over ``N`` points from ``n``, whose covariance is
   ``(N / n - 1)`` times the Fisher information (= the Hessian at the mode):
@@ -75,6 +76,21 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   follows one shard, the bias conducive gradients cure exactly only with exact surrogates
   (Gaussian models); Taylor or Laplace surrogates of another likelihood are exact at the mode
   only, so for both samplers a visit is bounded as FA-HMC's round, as one step of ``V h / 2``.
+  CG-DSGLD's visit follows ``v_s + alpha g_s``, the gradient of a potential with the Hessian
+  ``M_s = H_0 + H_s / f_s + alpha (Lambda - Lambda_s / f_s)`` (``Lambda_s`` the precision of shard
+  ``s``'s Gaussian surrogate, ``Lambda = sum_s Lambda_s``; ``Setting.visit``,
+  :func:`fedmcmc.estimators.conducive.visit_curvature`, at the mode): the rule bounds the largest
+  of the shard's own curvature and ``lambda_max(M_s)``,
+  ``h = 4 E / (max_s(max(L w_s / f_s, lambda_max(M_s)) + L kappa_s) V)``. The shard's own term
+  stays because the conducive term is fixed while ``H_s`` moves with ``theta``; Taylor surrogates
+  at the mode give ``M_s = nabla^2 U``, ``lambda_max(M_s) = L``, and DSGLD's step. A negative
+  eigenvalue ``lambda`` of ``M_s`` (diagonal surrogates of a correlated shard have them) pushes a
+  visit away from the mode along its direction, by ``1 - h lambda / 2`` a step, while the other
+  shards' visits pull back (their average ``sum_s f_s M_s`` is ``nabla^2 U`` up to the surrogates'
+  error); down to ``-L`` the bound covers it (``max_s w_s / f_s >= 1``, so the step keeps
+  ``h V |lambda| / 2 <= 2E`` over a visit). One beyond ``-L`` means the surrogate's precision
+  ``Lambda_s / f_s`` outweighs the shard's curvature by more than the posterior's stiffest
+  direction, so the step would be set by a failed fit: refused, naming the surrogates.
   CG-DSGLD's SGLD surrogates (``surrogate_step_size = "auto"``, :func:`surrogate_step`) run ULA
   with ``gamma = h / 2`` on a shard's potential, whose curvature is at most ``L``: ``h = 4 E / L``.
   FA-HMC's and FA-LD's dynamic step (``step_decay = "auto"``, :func:`step_decay`) starts from the
@@ -114,6 +130,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fedmcmc.estimators import surrogates
 from fedmcmc.samplers import schedules
 from fedmcmc.samplers.trajectories import steps_per_round
 
@@ -134,6 +151,8 @@ class Setting(NamedTuple):
     :attr:`fedmcmc.samplers.Registered.shares`), None when not measured; ``noise`` is ``lambda_max``
     of the control variates' minibatch noise covariance
     (:func:`fedmcmc.estimators.curvature.minibatch_noise` with :func:`noise_weights`), None when not
+    measured; ``visit`` is CG-DSGLD's ``(lambda_max, lambda_min)`` per shard of its visits' potential
+    with the conducive term (:func:`fedmcmc.estimators.conducive.visit_curvature`), None when not
     measured.
     """
 
@@ -145,6 +164,7 @@ class Setting(NamedTuple):
     drift: float | None = None
     spread: float | None = None
     noise: float | None = None
+    visit: tuple | None = None
 
 
 def _omega(s: Setting) -> np.ndarray:
@@ -215,7 +235,11 @@ def _qlsd_pp(s: Setting) -> tuple[float, str]:
     if s.lambda_min is None or not s.lambda_min > 0 or not s.args.get("memory", True):  # no estimate of m
         return gamma, rule
     rate = s.args.get("memory_rate")
-    alpha = 1.0 / (1.0 + np.max(_omega(s))) if rate is None else float(np.min(rate))
+    if rate is None:  # the builder's default: 1 / (omega_i + 1), p_i / (omega_i + 1) under eq. S45's update
+        default = 1.0 / (1.0 + _omega(s))
+        alpha = float(np.min(default * _probs(s) if s.args.get("memory_update") == "inverse_probability" else default))
+    else:
+        alpha = float(np.min(rate))
     if alpha > 0 and alpha / (3 * s.lambda_min) < gamma:
         return alpha / (3 * s.lambda_min), "alpha / (3 m) (QLSD++ Thm 3)"
     return gamma, rule
@@ -258,8 +282,24 @@ def _fa_hmc(s: Setting) -> tuple[float, str]:
 def _dsgld(s: Setting) -> tuple[float, str]:
     w = s.counts / s.counts.sum()
     f = np.asarray(s.args["probs"], np.float64)
-    scale = np.max(w / f + (s.counts / _batch(s) - 1.0) * w / f**2)
+    own, kappa = w / f, (s.counts / _batch(s) - 1.0) * w / f**2
     visit = int(s.args["local_steps"])
+    if s.visit is not None:  # CG-DSGLD: the conducive term's curvature too
+        top, low = (np.asarray(v, np.float64) for v in s.visit)
+        if np.any(-low > s.lambda_max):
+            bad = int(np.argmin(low))
+            what, _ = surrogates.describe(s.args.get("surrogate") or surrogates.taylor())
+            raise ValueError(f"CG-DSGLD's visit potential on shard {bad} is not convex at the mode: H_0 + H_s / f_s + "
+                             f"alpha (Lambda - Lambda_s / f_s) has the eigenvalue {low[bad]:.3g}, beyond the posterior's "
+                             f"-lambda_max = {-s.lambda_max:.3g}, with its surrogates ({what}): the surrogate's "
+                             "precision Lambda_s / f_s outweighs the shard's curvature, a visit is pushed away from the "
+                             "mode faster than the posterior pulls, and no step fixes that; use surrogates that match "
+                             'the shards\' curvature at the mode (surrogate = "taylor" or "laplace"; for "sgld", more '
+                             "surrogate_steps or a smaller surrogate_step_size), or a smaller alpha")
+        scale = np.max(np.maximum(own, top / s.lambda_max) + kappa)
+        return (4.0 * E / (s.lambda_max * scale * visit),
+                "4E / (max_s(max(L w_s/f_s, lambda_max(M_s)) + L kappa_s) V) (conducive visit curvature)")
+    scale = np.max(own + kappa)
     h, rule = 4.0 * E / (s.lambda_max * scale * visit), "4E / (L max_s(w_s/f_s + kappa_s) V)"
     sds = _in_sds(s)
     if s.spread is None or s.args.get("surrogate") is not None or not sds:
