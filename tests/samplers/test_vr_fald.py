@@ -169,3 +169,26 @@ def test_bad_settings_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message) as error:
         vr_fald_star(MODEL, **settings)
     assert "\n" not in str(error.value)
+
+
+def test_the_automatic_step_keeps_the_target_on_heterogeneous_clients():
+    """At the rule's step the exact stationary sd is within ``STD_INFLATION`` of the posterior's,
+    centred at the mode, for 1 to 30 local steps; minibatches shrink the step less than FA-LD's
+    (the control variates' noise, not a plain minibatch's), and a measured noise is used."""
+    from fedmcmc.samplers import steps
+
+    lam = float(np.sum(W * LAM))  # the posterior's curvature
+    for t in (1, 3, 10, 30):
+        setting = steps.Setting(lam, lam, {"local_steps": t}, np.array([1, 2, 3]), DIM)
+        eta, _ = steps.auto_step("vr-fald*", setting)
+        law = exact_law(eta=eta, t=t)
+        assert 1.0 < np.sqrt(law.var[0] * lam) <= 1 + steps.STD_INFLATION + 1e-9
+        np.testing.assert_allclose(law.mean, POSTERIOR_MEAN, rtol=1e-10)
+    counts = np.array([100, 200, 300])
+    setting = steps.Setting(lam, lam, {"local_steps": 3, "batch_size": 10}, counts, DIM)
+    full, _ = steps.auto_step("vr-fald*", setting._replace(args={"local_steps": 3}))
+    batched, _ = steps.auto_step("vr-fald*", setting)
+    plain, _ = steps.auto_step("fa-ld", setting)
+    assert plain < batched < full
+    measured, formula = steps.auto_step("vr-fald*", setting._replace(noise=0.0))
+    assert measured == pytest.approx(full) and "measured" in formula
