@@ -108,7 +108,9 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   the same round of ``T`` Langevin steps on heterogeneous local curvatures, and the same
   compression of the move), with the minibatch noise ``s^2`` of its control variates at the mode
   instead of a plain minibatch's ``(N / n - 1) L``: measured (``Setting.noise``) when it can be,
-  else QLSD*'s bound ``L max_i A_i / N``. No drift term: at the mode every client's corrected
+  else QLSD*'s bound ``L max_i A_i / N`` (the measurement's weights :func:`noise_weights` count
+  compression and participation as QLSD*'s gradients have them; here they act on the move, so
+  the noise is over-counted and the step smaller than it need be). No drift term: at the mode every client's corrected
   drift is the posterior's (on quadratic local potentials every corrected potential is centred at
   the mode, and the stationary mean is exact).
 * pSGLD has none: its step is relative to an RMSprop preconditioner built from the gradients
