@@ -192,3 +192,25 @@ def test_the_automatic_step_keeps_the_target_on_heterogeneous_clients():
     assert plain < batched < full
     measured, formula = steps.auto_step("vr-fald*", setting._replace(noise=0.0))
     assert measured == pytest.approx(full) and "measured" in formula
+
+
+@pytest.mark.slow
+def test_flower_runtime_gives_the_simulators_samples_with_full_batches(tmp_path):
+    """The conformance tests run minibatches; with full batches the clients hold grad U_c(theta*)
+    from their first round, and the Flower server and clients (without Flower) still give the
+    simulator's samples bit for bit."""
+    import functools
+
+    from fedmcmc.app import config
+    from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+
+    text = ('[problem]\nname = "heterogeneous-gaussian"\nnum_clients = 3\ndim = 3\nmin_size = 10\nmax_size = 30\n'
+            '[sampler]\nname = "vr-fald*"\nstep_size = 1e-3\nlocal_steps = 4\ncorrelation = 0.5\n'
+            '[run]\nseed = 4\nnum_chains = 5\nnum_iterations = 4\nchunk_size = 2\n')
+    build_text = functools.cache(config.from_text)
+    cfg, built = build_text(text)
+    ref = simulate(4, built.sampler, built.data, np.zeros(built.model.dim), 4, num_chains=5, chunk_size=2)
+    server = ServerRuntime(text, tmp_path, build_text)
+    res = server.run(LocalTransport(text, server.b, build_text))
+    np.testing.assert_array_equal(res.samples, ref.samples)
+    np.testing.assert_array_equal(res.total_bits_up, ref.total_bits_up)

@@ -106,9 +106,11 @@ class VRFALDBroadcast(NamedTuple):
 
 
 class VRFALDClientState(NamedTuple):
-    """Client state: its compressor's state."""
+    """Client state: its compressor's state, and with full batches its exact ``grad U_c(theta*)``
+    (computed once; ``()`` with minibatches, whose control variate is taken on each minibatch)."""
 
     compressor: Any
+    anchor: Any = ()
 
 
 class _Settings(NamedTuple):
@@ -122,14 +124,19 @@ class _Settings(NamedTuple):
     sqrt_1m_rho: Any
     shared: bool                 # rho > 0: a shared noise, whose seed is broadcast
     oracle: Callable             # (N_c / n_c) sum_{j in S_c} [grad U_cj(theta) - grad U_cj(theta*)]
+    theta_star: Any
+    exact: bool                  # full batches: grad U_c(theta) - grad U_c(theta*), the latter held
     constant: Any                # sum_i grad U_i(theta*)
     compressor: Compressor
     participation: Participation
 
 
-def _gradient(s: _Settings, key, theta, client_data, w_c):
+def _gradient(s: _Settings, key, theta, client_data, w_c, anchor):
     """``g_c(theta)``: the control-variate gradient of ``f^(c)`` (module docstring)."""
-    difference = s.oracle(key, theta, client_data)
+    if s.exact:
+        difference = gradients.local_gradient(s.model, theta, client_data) - anchor
+    else:
+        difference = s.oracle(key, theta, client_data)
     return difference / w_c - jax.grad(s.model.log_prior)(theta) + s.constant
 
 
@@ -140,7 +147,11 @@ def _init(s: _Settings, key, theta0):
 
 def _client_init(s: _Settings, key, broadcast, client_data):
     del key
-    return VRFALDClientState(s.compressor.init(broadcast.position, client_data.index))
+    # theta* batched over the chains as the position is: computed per chain, both runtimes give the same
+    # bits (a constant theta* is batched differently by the simulator and by the Flower clients)
+    at = s.theta_star + 0.0 * broadcast.position
+    anchor = gradients.local_gradient(s.model, at, client_data) if s.exact else ()
+    return VRFALDClientState(s.compressor.init(broadcast.position, client_data.index), anchor)
 
 
 def _client_step(s: _Settings, key, client_state, broadcast, client_data, k):
@@ -156,12 +167,12 @@ def _client_step(s: _Settings, key, client_state, broadcast, client_data, k):
         if s.shared:
             noise = noise + s.sqrt_rho * jax.random.normal(jax.random.fold_in(broadcast.seed, t), theta.shape,
                                                            theta.dtype)
-        g = _gradient(s, jax.random.fold_in(key_t, 1), theta, client_data, w_c)
+        g = _gradient(s, jax.random.fold_in(key_t, 1), theta, client_data, w_c, client_state.anchor)
         return theta - (0.5 * eta * eta) * g + eta * noise
 
     theta = jax.lax.fori_loop(0, s.local_steps, step, theta0)
     message, comp_state, cinfo = s.compressor.apply(key_comp, theta - theta0, client_state.compressor)
-    return VRFALDClientState(comp_state), message, ClientInfo(bits=cinfo.bits)
+    return client_state._replace(compressor=comp_state), message, ClientInfo(bits=cinfo.bits)
 
 
 def _server_step(s: _Settings, key, server_state, uploads, mask, k):
@@ -222,6 +233,7 @@ def vr_fald_star(model: Model, weights, step_size, mode: gradients.ModeResult, l
     s = _Settings(model=model, weights=jnp.asarray(w_np, jnp.float32), step_size=step_size, local_steps=local_steps,
                   sqrt_rho=np.float32(np.sqrt(rho)), sqrt_1m_rho=np.float32(np.sqrt(1.0 - rho)), shared=rho > 0,
                   oracle=gradients.control_variate_gradient(model, theta_star, batch_size),
+                  theta_star=jnp.asarray(theta_star), exact=batch_size is None,
                   constant=jnp.asarray(constant), compressor=compressor, participation=participation)
     clients = per_client_count(w_np, batch_size, compressor.omega(model.dim), known=(participation.num_clients,))
     if clients is None:
