@@ -38,14 +38,15 @@ theta_k`` and takes ``T`` (``local_steps``) steps, ``n = k T + t`` globally,
 ``sum_c w_c theta^(c)``) and ``C_c`` an unbiased compressor (the identity by default). The
 sample of a round is ``theta_{k+1}``. The clients hold ``theta*`` and the constant
 ``sum_i grad U_i(theta*)``, from the federated mode search (:func:`fedmcmc.estimators.gradients.find_mode`);
-nothing else is sent.
+nothing else is sent. With full batches a client computes its ``grad U_c(theta*)`` once, at its
+first round, and keeps it.
 
 **Step size.** ``step_size`` is ``eta``, the leapfrog step of :func:`fedmcmc.samplers.fa_ld` (so
 the two samplers' settings mean the same): a local step is a Langevin step of learning rate
-``gamma = eta^2 / 2`` with noise ``sqrt(2 gamma)``. The paper's step ``gamma`` of its local
-update ``theta - gamma grad + sqrt(2 gamma) (sqrt(tau / b) xi + sqrt(1 - tau) xi^(c))`` on
-``U_c`` with ``b`` equal clients is, in this normalisation, ``gamma_paper = b gamma`` (its
-``tau`` is ``rho``, and ``f^(c) = b U_c``). A schedule is a function of the global local step ``n``.
+``gamma = eta^2 / 2`` with noise ``sqrt(2 gamma)``. The authors' code's local update
+``theta - gamma grad U_c + sqrt(2 gamma) (sqrt(tau / b) xi + sqrt(1 - tau) xi^(c))`` with ``b``
+equal clients is this one with ``gamma_code = b gamma`` (its ``tau`` is ``rho``, and
+``f^(c) = b U_c``). A schedule is a function of the global local step ``n``.
 
 **The paper and the authors' code.** The update above is not checked against the paper's
 algorithm box, whose text could not be consulted; it follows the paper's abstract (control
@@ -55,14 +56,14 @@ variates that correct the client drift of FALD), the authors' public code
 The code's client gradient is ``g_i(theta; S) - g_i(theta_ref; S) + mean_j grad U_j(theta_ref)``,
 this module's form with ``theta_ref`` for ``theta*``. Where this module differs from the code:
 
-* the control point is the mode ``theta*``, fixed (the star; the setting of the paper's
-  analysis as of QLSD*). The code starts ``theta_ref`` at its initial point (in its deep-learning
+* the control point is the mode ``theta*``, fixed (assumed from the star, which marks control
+  variates at ``theta*`` in QLSD*, and from the paper's abstract). The code starts ``theta_ref`` at its initial point (in its deep-learning
   runs, clients pre-trained by SGD, near the mode) and, each local step with probability ``q``,
   moves it to the current average and recomputes the exact gradients there (an SVRG-style
   refresh, as QLSD++ is to QLSD*); that refresh is not implemented;
-* a round is a fixed ``T`` local steps; the code averages after each local step with
-  probability ``p`` (a geometric number of local steps per round), which the paper analyses as
-  its communication probability;
+* a round is a fixed ``T`` local steps, as :func:`fedmcmc.samplers.fa_ld`'s; the code averages
+  after each local step with probability ``p`` (a geometric number of local steps per round;
+  whether the paper's algorithm does is not checked);
 * compression and partial participation are this package's shared schemes (beyond the paper).
 
 **Randomness.** Client ``c``'s key of round ``k`` splits into ``(key_grad, key_comp)``; local
