@@ -95,7 +95,7 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "memory_update": '`"algorithm"` (Algorithm 2) or `"inverse_probability"` (scaled by 1/p_i).',
         "num_leapfrog": "K, leapfrog steps per trajectory (the momentum is redrawn every K steps).",
         "local_steps": "Local steps per round (FA-HMC: counted on `clock`).",
-        "correlation": "Share in [0, 1] of the momentum's variance drawn from the common seed.",
+        "correlation": "Share in [0, 1] of the momentum's (VR-FALD*: the noise's) variance drawn from the common seed.",
         "gradient_noise": "Standard deviation of Gaussian noise added to every gradient (simulated stochastic "
                           "gradients).",
         "debiased": "Use the de-biased gradient (FA-HMC's Algorithm B.2).",

@@ -49,6 +49,7 @@ from fedmcmc.samplers.psgld import psgld
 from fedmcmc.samplers.qlsd import lsd_star, qlsd, qlsd_sharp, qlsd_star
 from fedmcmc.samplers.qlsd_pp import lsd_pp, qlsd_pp
 from fedmcmc.samplers.sgld import sgld
+from fedmcmc.samplers.vr_fald import vr_fald_star
 
 
 class Accounted(NamedTuple):
@@ -192,6 +193,12 @@ REGISTRY: dict[str, Registered] = {
                         step=steps._fa_hmc, shares="weights", round_time=steps._leapfrog_time,
                         auto_keys={"step_decay": steps.step_decay}, privacy=Accounted("fa-ld"),
                         example={"step_size": 1e-2, "local_steps": 3, **_BATCH}, problem=_LOCAL),
+    "vr-fald*": Registered(vr_fald_star, "FA-LD with control variates at the mode (Plassier, Moulines and Durmus "
+                                         "2023, VR-FALD*)",
+                           step=steps._vr_fald, round_time=steps._leapfrog_time, control_points=1.0,
+                           privacy="the mode theta* and sum_i grad U_i(theta*), which every client holds, are "
+                                   "computed from the data without noise; " + _HIDDEN,
+                           example={"step_size": 1e-2, "local_steps": 3, **_BATCH}, problem=_LOCAL),
     "dsgld": Registered(dsgld, "distributed SGLD (Ahn et al. 2014): a chain visits one shard at a time",
                         step=steps._dsgld, shares="probs", round_time=steps._visit_time,
                         privacy=Accounted("dsgld", {"client": "record_clip", "record": "record_clip"}),
@@ -217,4 +224,4 @@ ALIASES = {"qlsd": "qlsd#", "fsgld": "cg-dsgld"}
 
 __all__ = ["REGISTRY", "ALIASES", "Registered", "Accounted", "NOT_ACCOUNTED", "qlsd", "qlsd_sharp", "qlsd_star",
            "lsd_star", "qlsd_pp", "lsd_pp", "sgld", "fa_hmc", "fa_ld", "dsgld", "cg_dsgld", "psgld", "dg_sgld",
-           "fedavg"]
+           "fedavg", "vr_fald_star"]

@@ -120,6 +120,15 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   ``rho = ((1 + 0.02)^2 - 1) / L``. A smaller ``rho`` is less biased and mixes more slowly.
 * FedAvg (McMahan et al. 2017), an optimiser: gradient descent's ``1 / L`` on the clients'
   averaged objective ``sum_c w_c F_c = U / N``, i.e. ``learning_rate = N / L``.
+* VR-FALD* (Plassier et al. 2023): FA-LD's rule with ``K = 1`` (``D = T L + s^2 + 4 omega T^2 L``,
+  the same round of ``T`` Langevin steps on heterogeneous local curvatures, and the same
+  compression of the move), with the minibatch noise ``s^2`` of its control variates at the mode
+  instead of a plain minibatch's ``(N / n - 1) L``: measured (``Setting.noise``) when it can be,
+  else QLSD*'s bound ``L max_i A_i / N`` (the measurement's weights :func:`noise_weights` count
+  compression and participation as QLSD*'s gradients have them; here they act on the move, so
+  the noise is over-counted and the step smaller than it need be). No drift term: at the mode every client's corrected
+  drift is the posterior's (on quadratic local potentials every corrected potential is centred at
+  the mode, and the stationary mean is exact).
 * pSGLD has none: its step is relative to an RMSprop preconditioner built from the gradients
   along the run, which the curvature at the mode does not determine.
 """
@@ -358,6 +367,14 @@ def _dg_sgld(s: Setting) -> tuple[np.ndarray, str]:
 
 def _fedavg(s: Setting) -> tuple[float, str]:
     return float(s.counts.sum()) / s.lambda_max, "N / L (gradient descent's 1/L on U/N)"
+
+
+def _vr_fald(s: Setting) -> tuple[float, str]:
+    steps, lam, omega = int(s.args["local_steps"]), s.lambda_max, float(np.max(_omega(s)))
+    noise = s.noise if s.noise is not None else lam * float(np.max(_spread(s))) / float(s.counts.sum())
+    d = steps * lam + noise + 4 * omega * steps**2 * lam
+    measured = "measured" if s.noise is not None else "L max_i A_i / N"
+    return 2.0 * np.sqrt(E / d), f"2 sqrt(E / (T L + s*^2 + 4 omega T^2 L)), s*^2 = {measured} (VR-FALD*)"
 
 
 def _langevin_time(s: Setting, step) -> float:
