@@ -150,3 +150,13 @@ def test_partial_participation_is_refused_by_the_config(name):
     cfg["sampler"]["participation"] = {"p": 0.5}
     with pytest.raises(ConfigError, match="participation"):
         config.validate(cfg)
+
+
+@pytest.mark.slow
+def test_an_untempered_prior_fails_the_same_checks(gaussian):
+    """Every site taking the whole prior (``p(theta)^S`` in the product, the prior of scale
+    ``tau / sqrt(S)`` tempered by ``1 / S``) is told apart: the prior share is checked."""
+    data, _, (mean, var), _ = gaussian
+    samples = _draws(_consensus(gaussian_mean(DIM, prior_scale=TAU / np.sqrt(len(SIZES)))), data)
+    with pytest.raises(AssertionError, match="variance"):
+        harness.assert_close(samples.var(axis=1, ddof=1), np.full(DIM, var), "untempered variance")

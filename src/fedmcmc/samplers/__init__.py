@@ -51,6 +51,7 @@ from fedmcmc.samplers.psgld import psgld
 from fedmcmc.samplers.qlsd import lsd_star, qlsd, qlsd_sharp, qlsd_star
 from fedmcmc.samplers.qlsd_pp import lsd_pp, qlsd_pp
 from fedmcmc.samplers.sgld import sgld
+from fedmcmc.samplers.subposterior import step_rule as _subposterior_step
 
 
 class Accounted(NamedTuple):
@@ -214,10 +215,10 @@ REGISTRY: dict[str, Registered] = {
                           example={"rho": 0.5, "step_size": 1e-4, **_BATCH}),
     "consensus-mc": Registered(consensus_mc, "consensus Monte Carlo (Scott et al. 2016): precision-weighted "
                                              "averages of the sites' subposterior draws, one-shot",
-                               privacy=_DRAWS, example=_ONE_SHOT),
+                               step=_subposterior_step, privacy=_DRAWS, example=_ONE_SHOT),
     "gaussian-product": Registered(gaussian_product, "the Gaussian product of subposteriors (Neiswanger et al. "
                                                      "2014, parametric), one-shot",
-                                   privacy=_DRAWS, example=_ONE_SHOT),
+                                   step=_subposterior_step, privacy=_DRAWS, example=_ONE_SHOT),
     "fedavg": Registered(fedavg, "FedAvg (McMahan et al. 2017), an optimiser baseline", step=steps._fedavg,
                          privacy="FedAvg adds no noise",
                          example={"step_size": 1e-3, "local_steps": 2, **_BATCH, **_Q, **_HALF}),

@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedmcmc.core import checks
 from fedmcmc.core.base import Model
@@ -148,3 +149,25 @@ def check_covariance_draws(chain: SubposteriorChain, dim: int, what: str) -> Non
     if chain.num_draws <= dim:
         raise ValueError(f"{what} inverts each site's sample covariance of its num_draws = {chain.num_draws} "
                          f"draws, singular unless num_draws > dim = {dim}: record more draws a round")
+
+
+def step_rule(setting) -> tuple[float, str]:
+    """``step_size = "auto"`` for the sites' chains: ``gamma = 2E / (L (1 + max_s N_s / n_s - 1))``.
+
+    A site's potential ``U_s = -log p(x_s | theta) - (1 / S) log p(theta)`` has a Hessian at most
+    the posterior's (the other sites' likelihood Hessians and the rest of the prior's are
+    positive semi-definite for a log-concave model), so its stiffest curvature is at most
+    ``L``, the posterior's at the mode (``setting.lambda_max``): ULA's variance inflation
+    ``1 / (1 - gamma lam / 2)`` of :mod:`fedmcmc.samplers.steps` then stays within its target.
+    A minibatch of ``n_s`` of ``N_s`` points adds a gradient covariance of about
+    ``(N_s / n_s - 1)`` times the site's Hessian (the SGLD rule's argument, site by site). The
+    rule is conservative by up to ``S`` on sites of equal size, whose curvature is ``L / S``.
+    """
+    from fedmcmc.samplers.steps import E
+
+    counts = np.asarray(setting.counts, np.float64)
+    batch = setting.args.get("batch_size")
+    batch = counts if batch is None else np.minimum(np.broadcast_to(np.asarray(batch, np.float64), counts.shape),
+                                                    counts)
+    kappa = float(np.max(counts / batch - 1.0))
+    return 2.0 * E / (setting.lambda_max * (1.0 + kappa)), "2E / (L (1 + max_s N_s/n_s - 1)) (ULA on each subposterior)"
