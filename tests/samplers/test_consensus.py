@@ -160,3 +160,24 @@ def test_an_untempered_prior_fails_the_same_checks(gaussian):
     samples = _draws(_consensus(gaussian_mean(DIM, prior_scale=TAU / np.sqrt(len(SIZES)))), data)
     with pytest.raises(AssertionError, match="variance"):
         harness.assert_close(samples.var(axis=1, ddof=1), np.full(DIM, var), "untempered variance")
+
+
+@pytest.mark.parametrize("build", [consensus_mc, gaussian_product])
+def test_a_round_that_misses_a_site_keeps_the_previous_draws(build):
+    """A Flower client past its timeout is inactive: the server holds its last combination."""
+    import jax
+    import jax.numpy as jnp
+
+    sampler = build(gaussian_mean(DIM), 2, 1e-2, 8)
+    data = harness.problem(sizes=(10, 12), dim=DIM)
+    state, broadcast = sampler.init(jax.random.key(0), jnp.ones(DIM))
+    uploads = []
+    for i in range(2):
+        client = data.client(i)
+        client_state = sampler.client_init(jax.random.key(i), broadcast, client)
+        uploads.append(sampler.client_step(jax.random.key(i), client_state, broadcast, client, 0)[1])
+    uploads = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *uploads)
+    held, _, _ = sampler.server_step(jax.random.key(1), state, uploads, jnp.array([True, False]), 0)
+    moved, _, _ = sampler.server_step(jax.random.key(1), state, uploads, jnp.array([True, True]), 0)
+    np.testing.assert_array_equal(held.draws, state.draws)
+    assert np.all(np.isfinite(moved.draws)) and not np.array_equal(moved.draws, state.draws)

@@ -28,7 +28,9 @@ sends ``theta_0`` to start the sites' chains, and its latest consensus draw each
 the sites do not use.
 
 **Participation.** Every site takes part in every round: a consensus draw averages one draw of
-every subposterior, so the sampler takes no participation scheme.
+every subposterior, so the sampler takes no participation scheme (full participation). A round
+that misses a site anyway (a Flower client past its timeout) keeps the previous round's draws,
+as a chain pauses.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from fedmcmc.core.base import FederatedSampler, Model, per_client_count
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.samplers.integrators import step_size_at
 from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo, float_bits
-from fedmcmc.samplers.subposterior import check_covariance_draws, sample_moments, subposterior_chain
+from fedmcmc.samplers.subposterior import (check_covariance_draws, hold_unless_complete, sample_moments,
+                                            subposterior_chain)
 
 WEIGHTINGS = ("covariance", "diagonal")
 
@@ -130,9 +133,9 @@ def consensus_mc(model: Model, num_clients: int, step_size, local_steps: int, nu
         return client_state, DrawsUpload(draws), ClientInfo(bits=float_bits(draws))
 
     def server_step(key, server_state, uploads, mask, k):
-        del key, mask  # every site takes part
+        del key
         draws = consensus(uploads.draws, weighting)
-        new = ConsensusState(draws[-1], draws)
+        new = hold_unless_complete(mask, ConsensusState(draws[-1], draws), server_state)
         gamma = step_size_at(chain.step_size, k * chain.local_steps)
         return new, Broadcast(new.position), ServerInfo(step_size=gamma, broadcast_bits=float_bits(new.position))
 

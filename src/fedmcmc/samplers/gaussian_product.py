@@ -26,7 +26,8 @@ draws of ``N(mu, Sigma)`` are its samples (``draws_per_round = G``, in
 the sites' chains, and its latest draw each round, which the sites do not use.
 
 **Participation.** Every site takes part in every round: the product needs every factor, so
-the sampler takes no participation scheme.
+the sampler takes no participation scheme (full participation). A round that misses a site
+anyway (a Flower client past its timeout) keeps the previous round's draws, as a chain pauses.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from fedmcmc.core.base import FederatedSampler, Model, per_client_count
 from fedmcmc.samplers import participation as participation_lib
 from fedmcmc.samplers.integrators import step_size_at
 from fedmcmc.samplers.messages import Broadcast, ClientInfo, ServerInfo, float_bits
-from fedmcmc.samplers.subposterior import check_covariance_draws, sample_moments, subposterior_chain
+from fedmcmc.samplers.subposterior import (check_covariance_draws, hold_unless_complete, sample_moments,
+                                            subposterior_chain)
 
 
 class GaussianProductState(NamedTuple):
@@ -117,11 +119,10 @@ def gaussian_product(model: Model, num_clients: int, step_size, local_steps: int
         return upper + upper.T - jnp.diag(jnp.diagonal(upper))
 
     def server_step(key, server_state, uploads, mask, k):
-        del mask  # every site takes part
         mean, cov = product(uploads.mean, jax.vmap(unpack)(uploads.covariance))
         scale = jnp.linalg.cholesky(cov)
         draws = mean + jax.random.normal(key, (g, d), mean.dtype) @ scale.T
-        new = GaussianProductState(draws[-1], draws)
+        new = hold_unless_complete(mask, GaussianProductState(draws[-1], draws), server_state)
         gamma = step_size_at(chain.step_size, k * chain.local_steps)
         return new, Broadcast(new.position), ServerInfo(step_size=gamma, broadcast_bits=float_bits(new.position))
 

@@ -171,3 +171,11 @@ def step_rule(setting) -> tuple[float, str]:
                                                     counts)
     kappa = float(np.max(counts / batch - 1.0))
     return 2.0 * E / (setting.lambda_max * (1.0 + kappa)), "2E / (L (1 + max_s N_s/n_s - 1)) (ULA on each subposterior)"
+
+
+def hold_unless_complete(mask, new, old):
+    """``new`` (leafwise) if every site took part in the round, else ``old``: a combination needs
+    one block of draws from every subposterior, so a round that misses a site (a Flower client
+    past its timeout) keeps the previous round's draws, as a chain pauses."""
+    complete = jnp.all(mask)
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(complete, a, b), new, old)
