@@ -127,6 +127,11 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "aggregation": '`"mcmahan"` (weighted average over the active clients) or `"unbiased"` (participation '
                        "weights).",
         "control_variates": "SCAFFOLD's correction (`fedmcmc.samplers.scaffold.scaffold()`, a Python object).",
+        "num_draws": "Draws each site records a round, every `local_steps / num_draws`-th local step (divides "
+                     "`local_steps`; more than the dimension when a covariance is inverted); default `local_steps`.",
+        "local_burn_in": "Unrecorded local steps at the start of the first round. Default 0.",
+        "weighting": 'Consensus weights: `"covariance"` (the inverse sample covariance of each site\'s draws) or '
+                     '`"diagonal"` (the inverse sample variances).',
     },
     "privacy": {
         "delta": "The delta of (epsilon, delta), in (0, 1).",

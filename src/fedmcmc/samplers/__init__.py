@@ -41,14 +41,17 @@ from typing import Callable, NamedTuple
 
 from fedmcmc.core.base import FederatedSampler
 from fedmcmc.samplers import steps
+from fedmcmc.samplers.consensus_mc import consensus_mc
 from fedmcmc.samplers.dg_sgld import dg_sgld
 from fedmcmc.samplers.dsgld import cg_dsgld, dsgld
 from fedmcmc.samplers.fa_hmc import fa_hmc, fa_ld
 from fedmcmc.samplers.fedavg import fedavg
+from fedmcmc.samplers.gaussian_product import gaussian_product
 from fedmcmc.samplers.psgld import psgld
 from fedmcmc.samplers.qlsd import lsd_star, qlsd, qlsd_sharp, qlsd_star
 from fedmcmc.samplers.qlsd_pp import lsd_pp, qlsd_pp
 from fedmcmc.samplers.sgld import sgld
+from fedmcmc.samplers.subposterior import step_rule as _subposterior_step
 from fedmcmc.samplers.vr_fald import vr_fald_star
 
 
@@ -149,6 +152,9 @@ _BATCH, _Q, _HALF = {"batch_fraction": 0.2}, {"compression": {"levels": 16}}, {"
 _SHARDS = {"step_size": 1e-4, "local_steps": 10, "shard_probs": "size", "batch_size": 8, "record_every": 5}
 _LOCAL = {"name": "heterogeneous-local-posteriors", "dim": 10}
 _BLOBS = {"name": "gaussian-blobs"}
+_DRAWS = "the sites upload draws of their subposteriors (or their moments) computed without noise"
+#: One-shot examples: 60 recorded draws (more than the problem's 50 dimensions) after 40 steps of burn-in.
+_ONE_SHOT = {"step_size": 1e-3, "local_steps": 60, "local_burn_in": 40}
 
 REGISTRY: dict[str, Registered] = {
     "sgld": Registered(sgld, "SGLD on the pooled data (Welling and Teh 2011, baseline)", pooled=True,
@@ -214,6 +220,12 @@ REGISTRY: dict[str, Registered] = {
                           auto_keys={"rho": steps.of_lambda_max(steps.tolerance)},
                           privacy=_HIDDEN,
                           example={"rho": 0.5, "step_size": 1e-4, **_BATCH}),
+    "consensus-mc": Registered(consensus_mc, "consensus Monte Carlo (Scott et al. 2016): precision-weighted "
+                                             "averages of the sites' subposterior draws, one-shot",
+                               step=_subposterior_step, privacy=_DRAWS, example=_ONE_SHOT),
+    "gaussian-product": Registered(gaussian_product, "the Gaussian product of subposteriors (Neiswanger et al. "
+                                                     "2014, parametric), one-shot",
+                                   step=_subposterior_step, privacy=_DRAWS, example=_ONE_SHOT),
     "fedavg": Registered(fedavg, "FedAvg (McMahan et al. 2017), an optimiser baseline", step=steps._fedavg,
                          privacy="FedAvg adds no noise",
                          example={"step_size": 1e-3, "local_steps": 2, **_BATCH, **_Q, **_HALF}),
@@ -224,4 +236,4 @@ ALIASES = {"qlsd": "qlsd#", "fsgld": "cg-dsgld"}
 
 __all__ = ["REGISTRY", "ALIASES", "Registered", "Accounted", "NOT_ACCOUNTED", "qlsd", "qlsd_sharp", "qlsd_star",
            "lsd_star", "qlsd_pp", "lsd_pp", "sgld", "fa_hmc", "fa_ld", "dsgld", "cg_dsgld", "psgld", "dg_sgld",
-           "fedavg", "vr_fald_star"]
+           "fedavg", "vr_fald_star", "consensus_mc", "gaussian_product"]
