@@ -68,12 +68,21 @@ def test_nothing_hangs_in_one_long_lived_process(long_lived):
 
 
 def _platform() -> str:
-    """The CPU model and the JAX build: what decides whether XLA's bits can differ."""
+    """The CPU and the JAX build: what decides whether XLA's bits can differ. A virtual machine's
+    model name can hide the microarchitecture ("AMD EPYC" for several), so the CPU's family, model
+    and stepping and a hash of its instruction-set flags are part of it."""
+    import hashlib
+
     cpuinfo = Path("/proc/cpuinfo")
-    models = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
-              if line.startswith("model name")]
-    return f"{platform.machine()} {models[0] if models else platform.processor()} jax {jax.__version__} " \
-           f"jaxlib {jaxlib.__version__}"
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    fields: dict[str, str] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    model = fields.get("model name") or platform.processor()
+    cpu = f"{model} family {fields.get('cpu family', '?')} model {fields.get('model', '?')} stepping " \
+          f"{fields.get('stepping', '?')} flags {hashlib.sha256(fields.get('flags', '').encode()).hexdigest()[:8]}"
+    return f"{platform.machine()} {cpu} jax {jax.__version__} jaxlib {jaxlib.__version__}"
 
 
 def test_every_samplers_draws_match_the_golden_record(long_lived):
