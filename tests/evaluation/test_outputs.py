@@ -110,6 +110,7 @@ def test_release_draws_writes_the_posterior_and_what_the_draws_give_alone(writte
                             step={"value": 0.01, "rule": "given"}, privacy={"release": "draws", "client": {}})
     summary = write_run(tmp_path, CFG, built, result_of(draws), echo=lambda _: None)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk.pop("provenance")["commit"]  # the file records the commit and machine that wrote it
     assert on_disk == json.loads(json.dumps(summary)) and "bits" not in summary and summary["predictive"] is None
     assert summary["settings"]["inputs"]["clients"] == [] and summary["settings"]["privacy"]["release"] == "draws"
     assert not (tmp_path / "reliability.png").exists() and (tmp_path / "trace.png").exists()
