@@ -4,7 +4,7 @@ every key the config check accepts is described there."""
 from pathlib import Path
 
 from fedmcmc.app import config, inputs, privacy, reference
-from fedmcmc.runtime.flower import settings
+from fedmcmc.runtime.messaging import settings
 from fedmcmc.samplers import REGISTRY
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "config.md"

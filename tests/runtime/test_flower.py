@@ -18,8 +18,8 @@ import pytest
 
 from fedmcmc.app import config
 from fedmcmc.compression import quantization
-from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
-from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, encode_upload
+from fedmcmc.runtime.messaging.server import LocalTransport, ServerRuntime
+from fedmcmc.runtime.messaging.wire import MalformedUpload, decode_upload, encode_upload
 from fedmcmc.runtime.simulator import simulate
 
 QLSD_PP = """
@@ -187,7 +187,7 @@ def test_faults_failed_and_malformed_clients_are_inactive_and_never_applied(tmp_
     assert res.total_bits_up.shape == (2,)
     assert int(res.active.sum(axis=1)[0]) <= 3 * 6 - 4
     # each client's memory term: its pending result if the server applied it, else its committed one
-    from fedmcmc.runtime.flower.wire import unpack
+    from fedmcmc.runtime.messaging.wire import unpack
 
     with np.load(tmp_path / "chunks" / "state.npz") as z:
         server_memory, last = z["ss1"], z["last_accepted"]  # QLSDPPState(position, memory)
@@ -505,12 +505,12 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
 
 
 def test_a_kept_program_is_loaded_by_another_process_and_gives_the_same_bits(tmp_path):
-    """A client's compiled program kept on disk (fedmcmc.runtime.flower.programs) is loaded, not
+    """A client's compiled program kept on disk (fedmcmc.runtime.messaging.programs) is loaded, not
     compiled again, and computes what the compiled program computes, bit for bit."""
-    from fedmcmc.runtime.flower import programs
+    from fedmcmc.runtime.messaging import programs
 
     code = ("import sys, numpy as np, jax\n"
-            "from fedmcmc.runtime.flower import programs\n"
+            "from fedmcmc.runtime.messaging import programs\n"
             "f = lambda k, x: {'y': x / (1 + jax.random.normal(k, x.shape) ** 2)}\n"
             "args = (np.asarray(jax.random.PRNGKey(0)), np.linspace(0, 1, 7, dtype=np.float32))\n"
             "p = programs.program(sys.argv[1], 'f', f, args)\n"
@@ -528,7 +528,7 @@ def test_a_program_is_checked_before_other_processes_can_load_it(tmp_path, monke
     kernels: a node once ran such a file in the moment before it was removed, and failed)."""
     import jax.numpy as jnp
 
-    from fedmcmc.runtime.flower import programs
+    from fedmcmc.runtime.messaging import programs
 
     real_load, seen = programs._load, []
 
@@ -548,7 +548,7 @@ def test_a_program_is_checked_before_other_processes_can_load_it(tmp_path, monke
 LEAN = """
 import sys
 import fedmcmc, fedmcmc.runtime, fedmcmc.app.flower.apps, fedmcmc.app.flower.worker
-from fedmcmc.runtime.flower.settings import flower_settings
+from fedmcmc.runtime.messaging.settings import flower_settings
 lean = "jax" not in sys.modules
 print(lean, flower_settings({"flower": {"poll_interval": 0.5}})["round_timeout"], fedmcmc.runtime.simulate is fedmcmc.simulate)
 """

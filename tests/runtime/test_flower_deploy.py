@@ -23,7 +23,7 @@ from test_flower import QLSD_PP, SITES, reference, write_sites
 from test_secagg import GRID
 
 from fedmcmc.app import config
-from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+from fedmcmc.runtime.messaging.server import LocalTransport, ServerRuntime
 
 from fedmcmc.app.flower.launch import LocalDeployment, data_paths, free_port
 

@@ -12,8 +12,8 @@ import pytest
 from fedmcmc.app import config
 from fedmcmc.app.bench.secagg import protocol_seconds
 from fedmcmc.compression import FixedPointMessage, decode, encode, resolve_compressor
-from fedmcmc.runtime.flower import secagg
-from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+from fedmcmc.runtime.messaging import secagg
+from fedmcmc.runtime.messaging.server import LocalTransport, ServerRuntime
 
 from test_flower import QLSD_PP, reference
 

@@ -55,13 +55,13 @@ from fedmcmc.estimators import gradients, surrogates
 from fedmcmc.app import inputs, privacy, problems
 from fedmcmc.app.inputs import model_from_config
 from fedmcmc.compression import resolve_compressor
-from fedmcmc.runtime.flower import settings
+from fedmcmc.runtime.messaging import settings
 from fedmcmc.samplers import ALIASES, REGISTRY
 from fedmcmc.samplers.participation import resolve_participation
 
 _RUN = {"seed", "num_chains", "num_iterations", "burn_in", "thinning", "chunk_size", "devices", "init",
         "posterior_check", "max_stored_draws", "whiten"}
-#: Optional sections: the Flower runtime's (docs/flower.md; ignored by ``fedmcmc run``), privacy (app/privacy.py).
+#: Optional sections: the message runtime's (docs/flower.md; ignored by ``fedmcmc run``), privacy (app/privacy.py).
 _OPTIONAL = {"flower": set(settings.DEFAULTS), "privacy": privacy.KEYS}
 
 

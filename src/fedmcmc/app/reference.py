@@ -2,7 +2,7 @@
 
 The sections and their keys come from the tables the config check uses
 (:mod:`fedmcmc.app.config`, :mod:`fedmcmc.app.inputs`, :mod:`fedmcmc.app.problems`,
-:mod:`fedmcmc.app.privacy`, :data:`fedmcmc.runtime.flower.settings.DEFAULTS`, and the sampler
+:mod:`fedmcmc.app.privacy`, :data:`fedmcmc.runtime.messaging.settings.DEFAULTS`, and the sampler
 builders' signatures through :func:`fedmcmc.app.config.sampler_keys`); the one-line description
 of each key is :data:`DESCRIPTIONS`, the only place it is written. A key without a description
 stops the generation, so the reference cannot miss one (``tests/app/test_reference.py`` checks
@@ -19,7 +19,7 @@ import inspect
 
 from fedmcmc.app import config, inputs, privacy, problems
 from fedmcmc.runtime import io
-from fedmcmc.runtime.flower import settings
+from fedmcmc.runtime.messaging import settings
 from fedmcmc.samplers import ALIASES, REGISTRY
 
 __all__ = ["DESCRIPTIONS", "markdown"]

@@ -75,7 +75,7 @@ NOT_ACCOUNTED = "no privacy mapping is registered for this sampler (fedmcmc.samp
 
 class Registered(NamedTuple):
     """A sampler under its paper name: all that the config, the automatic step, the privacy
-    accountant, the Flower runtime, the bench and the tests know of it (module docstring).
+    accountant, the message runtime, the bench and the tests know of it (module docstring).
 
     Attributes
     ----------

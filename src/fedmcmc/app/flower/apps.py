@@ -7,11 +7,11 @@
   :class:`~fedmcmc.app.flower.grid.GridTransport`, which also lets a restarted SuperNode rejoin
   under its partition and queues a ``hold`` behind each message), builds a ``[data]`` run from the nodes'
   summaries without opening a data file (:func:`start_server`, :mod:`fedmcmc.app.flower.nodes`)
-  and runs :class:`~fedmcmc.runtime.flower.server.ServerRuntime` over its own push/pull loop
+  and runs :class:`~fedmcmc.runtime.messaging.server.ServerRuntime` over its own push/pull loop
   (``GridTransport.send_and_receive``, polling every ``poll_interval`` seconds).
 * ``client_app`` (:func:`make_client_app`, optionally wrapped in Flower mods): one handler for
   ``train`` (rounds) and ``query`` (hello, init, setup) messages that runs
-  :class:`~fedmcmc.runtime.flower.client.ClientRuntime` for the node's partition
+  :class:`~fedmcmc.runtime.messaging.client.ClientRuntime` for the node's partition
   (``--node-config "partition-id=i"``) and the run config's ``config``, keeping the client state
   in ``Context.state``; ``state-dir`` in the node config sets where the node checkpoints it,
   ``data-path`` the file a ``[data]`` run's node reads as its own client, and ``cache-dir`` where
@@ -42,11 +42,11 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedmcmc.app.flower.clock import process_seconds  # noqa: E402
-from fedmcmc.runtime.flower.settings import flower_settings  # noqa: E402
+from fedmcmc.runtime.messaging.settings import flower_settings  # noqa: E402
 
 # JAX and the samplers are imported where they are used (``_lib``): a ClientApp process that
 # answers a ``hold`` imports none of them (docs/flower.md, "Latency per round").
-log = logging.getLogger("fedmcmc.runtime.flower")
+log = logging.getLogger("fedmcmc.runtime.messaging")
 
 META, ARRAYS = "fedmcmc", "fedmcmc-arrays"
 #: Round messages are Flower ``train`` messages (so Flower's mods that act on training see them);
@@ -65,7 +65,7 @@ def _lib():
     one_thread_xla()
     from fedmcmc.app import config, inputs
     from fedmcmc.app.flower import nodes
-    from fedmcmc.runtime.flower import client, server
+    from fedmcmc.runtime.messaging import client, server
 
     return config, inputs, nodes, client, server
 
@@ -201,7 +201,7 @@ def _faults(node_config) -> dict:
 
 def cache_dir(node_config) -> Path:
     """Where a node keeps what outlives a run, the client's compiled programs (``programs/``,
-    :mod:`fedmcmc.runtime.flower.programs`): its node config's ``cache-dir``, else the user's cache
+    :mod:`fedmcmc.runtime.messaging.programs`): its node config's ``cache-dir``, else the user's cache
     folder (:func:`fedmcmc.core.cache.user_cache`); not a run's output folder."""
     from fedmcmc.core.cache import user_cache  # imports JAX (fedmcmc.core): a relaying ClientApp never calls this
 
@@ -267,7 +267,7 @@ def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=
     if "data" not in cfg:
         runtime = server.ServerRuntime(cfg_text, out, functools.partial(config_lib.from_text, start=True),
                                        resume=resume, overwrite=overwrite)
-        return runtime, GridTransport(grid, runtime.b, runtime.flower)
+        return runtime, GridTransport(grid, runtime.b, runtime.messaging)
     from fedmcmc.app import whiten  # after _lib(): JAX on one thread
 
     whiten.setting(cfg, data_known=False)  # whiten = true refused before the nodes are greeted
@@ -325,4 +325,4 @@ def main(grid: Grid, context: Context) -> None:
         raise
 
 
-logging.getLogger("fedmcmc.runtime.flower").setLevel(logging.INFO)
+logging.getLogger("fedmcmc.runtime.messaging").setLevel(logging.INFO)

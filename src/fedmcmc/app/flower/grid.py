@@ -1,5 +1,5 @@
 """The ServerApp's side of the wire: client indices to SuperNodes over a Flower ``Grid``
-(:class:`GridTransport`, the transport of :class:`~fedmcmc.runtime.flower.server.ServerRuntime`)."""
+(:class:`GridTransport`, the transport of :class:`~fedmcmc.runtime.messaging.server.ServerRuntime`)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from fedmcmc.app import config as config_lib
 from fedmcmc.app import inputs as inputs_lib
-from fedmcmc.runtime.flower.client import config_hash
+from fedmcmc.runtime.messaging.client import config_hash
 from fedmcmc.core.base import ClientData
 from fedmcmc.data import local
 from fedmcmc.data import federated

@@ -42,9 +42,9 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 
-from fedmcmc.runtime.flower.settings import flower_settings
+from fedmcmc.runtime.messaging.settings import flower_settings
 
-log = logging.getLogger("fedmcmc.runtime.flower")
+log = logging.getLogger("fedmcmc.runtime.messaging")
 
 SOCKET, KEY = "socket", "key"
 #: The longest path of a Unix socket on Linux (``sun_path`` holds 108 bytes with the final NUL).
