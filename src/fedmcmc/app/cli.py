@@ -161,11 +161,11 @@ def _main(args) -> int:
     if args.command == "node-worker":
         import logging
 
-        from fedmcmc.app.flower import worker
+        from fedmcmc.app.flower import node_worker
 
         logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s")
         logging.getLogger("fedmcmc").setLevel(logging.INFO)
-        worker.serve(args.folder, args.idle)
+        node_worker.serve(args.folder, args.idle)
         return 0
     if args.command == "bench":
         from fedmcmc.app.bench import run as run_bench

@@ -8,7 +8,7 @@ runs, one after the other (ours and the echoes alternating):
   and ``median_client_process_seconds`` (seconds from a ClientApp process's start to its round
   reply) from ``results.json``, both with the default ``[flower] hold = false``, and QLSD++ again
   with ``hold`` messages (``hold = true``, docs/flower.md); each SuperNode has a node worker
-  (:mod:`fedmcmc.app.flower.worker`), as under ``fedmcmc flower deploy``;
+  (:mod:`fedmcmc.app.flower.node_worker`), as under ``fedmcmc flower deploy``;
 * a trivial echo app (``flwr_echo/``) on Flower's default loop (``Grid.send_and_receive``),
   sending and answering arrays of the bytes of our QLSD++ round's message and reply;
 * the same echo app whose ClientApp imports JAX and runs one operation before answering;

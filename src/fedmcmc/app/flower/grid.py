@@ -8,7 +8,7 @@ import time
 from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 
-from fedmcmc.app.flower.apps import HOLD, from_content, log, message_type, to_content
+from fedmcmc.app.flower.content import HOLD, from_content, log, message_type, to_content
 
 
 def _index(hello) -> int:

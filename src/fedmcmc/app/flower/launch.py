@@ -134,7 +134,7 @@ def free_port() -> int:
 class LocalDeployment:
     """A SuperLink and ``n`` SuperNodes on 127.0.0.1 (context manager; every process it
     started is stopped on exit). ``tls=(ca, cert, key)`` paths switch TLS on. Each SuperNode
-    has a node worker (:mod:`fedmcmc.app.flower.worker`, folder ``workdir/workerI``) unless
+    has a node worker (:mod:`fedmcmc.app.flower.node_worker`, folder ``workdir/workerI``) unless
     ``workers=False``. With ``simulation=True`` the SuperLink runs Flower's simulation engine
     with ``n`` virtual SuperNodes instead (no SuperNode processes)."""
 

@@ -95,7 +95,7 @@ def parsed(text: str) -> dict:
 
 def base_dir(node):
     """Where the config's relative paths start on this node (``node``: its
-    :class:`~fedmcmc.app.flower.apps.NodeView` or Flower ``Context``): the run config's ``data-dir``."""
+    :class:`~fedmcmc.app.flower.replies.NodeView` or Flower ``Context``): the run config's ``data-dir``."""
     return str(node.run_config.get("data-dir", "")) or None
 
 
