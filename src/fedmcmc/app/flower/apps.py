@@ -64,16 +64,6 @@ def reply_limit_mod(max_bytes: int):
 # ClientApp
 # --------------------------------------------------------------------------------------
 
-def _faults(node_config) -> dict:
-    """Test hook: node config ``fault="KIND@ROUND[,ROUND...]"`` (``malformed``: undecodable bytes,
-    ``fail``: an exception) makes this node misbehave in those rounds."""
-    spec = str(node_config.get("fault", ""))
-    if "@" not in spec:
-        return {}
-    kind, _, rounds = spec.partition("@")
-    return {int(k): kind for k in rounds.split(",")}
-
-
 def make_client_app(mods=()) -> ClientApp:
     """Our ClientApp, wrapped in Flower ``mods`` (e.g. :func:`reply_limit_mod`, Flower's
     ``message_size_mod``): name a module-level ``make_client_app([...])`` as the app's
@@ -91,9 +81,6 @@ def handle(msg: Message, context: Context) -> Message:
     if m["kind"] == HOLD:
         return Message(to_content({"kind": HOLD}), reply_to=msg)
     index = int(context.node_config.get("partition-id", -1))
-    fault = _faults(context.node_config).get(m.get("k")) if m["kind"] == "round" else None
-    if fault == "fail":
-        raise RuntimeError(f"client {index}: injected failure in round {m['k']}")
     text = str(context.run_config["config"])  # the run's config travels with the run, read once per run
     node = replies.NodeView(dict(context.node_config), {"data-dir": str(context.run_config.get("data-dir", ""))})
     store = dict(context.state[META]) if META in context.state else {}
@@ -103,11 +90,6 @@ def handle(msg: Message, context: Context) -> Message:
     else:
         reply, store = replies.answer(m, text, index, node, store)
     context.state[META] = ConfigRecord(store)
-    if fault == "malformed":  # undecodable bytes in place of the first array
-        for name in reply:
-            if name.startswith("blob/"):
-                reply[name] = b"\xff\x00garbage"
-                break
     return Message(to_content({**reply, "process_seconds": process_seconds()}), reply_to=msg)
 
 
