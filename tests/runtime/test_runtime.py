@@ -44,7 +44,7 @@ from fedmcmc.models.gaussian import gaussian_mean
 from fedmcmc.samplers import qlsd_sharp
 from fedmcmc.compression import quantization
 from fedmcmc.runtime import devices
-from fedmcmc.runtime.simulator import Chains
+from fedmcmc.runtime.blocks import Chains
 data = heterogeneous_gaussian(num_clients=3, dim=2)
 sampler = qlsd_sharp(gaussian_mean(2), 1e-3, 2, quantization(4))
 assert devices.placement(None, 4) is None  # CPU: one device unless asked, and asking is refused

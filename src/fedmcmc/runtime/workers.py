@@ -16,7 +16,7 @@ the parent those of the workers.
 
 The protocol is a strict request and reply over the worker's stdin and stdout: frames of
 an 8-byte length and a pickle. A request is ``(method, args)``; the reply is ``("ok", value)``
-or ``("error", exception, traceback)``. ``start`` builds a :class:`fedmcmc.runtime.simulator.Chains`
+or ``("error", exception, traceback)``. ``start`` builds a :class:`fedmcmc.runtime.blocks.Chains`
 from a job (sampler, data, statistic; sent with cloudpickle once and then named by its
 hash) and the block's chains; ``run``, ``state`` and ``restore`` are forwarded to it.
 A worker exits when its stdin closes, so it never outlives the process that started it.
@@ -226,8 +226,9 @@ def _serve(one_thread: bool, core: int | None) -> None:  # pragma: no cover - ru
     if core is not None and hasattr(os, "sched_setaffinity"):
         for thread in os.listdir("/proc/self/task"):  # the pool's threads too
             pin(int(thread), core)
+    # imported only now, after the XLA settings above: importing the samplers may start JAX
+    from fedmcmc.runtime.blocks import Chains
     from fedmcmc.runtime.programs import compile_block
-    from fedmcmc.runtime.simulator import Chains
 
     jobs: dict[str, tuple] = {}
     block = None
