@@ -63,12 +63,12 @@ def test_run_prints_and_records_the_chosen_step(tmp_path):
 
 
 def test_a_long_enough_run_draws_no_budget_warning():
-    from fedmcmc.app import step
+    from fedmcmc.app import auto_step
 
     text = CONFIG.format(sampler="qlsd*", extra="compression = { bits = 4 }")
     built = config.build(tomllib.loads(text.replace("num_iterations = 400", "num_iterations = 20000")))
-    assert built.step["expected_ess"] >= step.MIN_ESS and "rounds_needed" not in built.step
-    assert step.budget_warning(built.step, {"num_chains": 2, "num_iterations": 20000}) is None
+    assert built.step["expected_ess"] >= auto_step.MIN_ESS and "rounds_needed" not in built.step
+    assert auto_step.budget_warning(built.step, {"num_chains": 2, "num_iterations": 20000}) is None
     given = config.build(tomllib.loads(text.replace('"auto"', "0.001")))
     assert "expected_ess" not in given.step  # a given step is the user's: no estimate
 
@@ -149,7 +149,7 @@ def test_auto_steps_give_the_nuts_widest_and_narrowest_sds_on_breast_cancer(tmp_
     from fedmcmc.estimators import gradients, surrogates
     from fedmcmc.runtime.simulator import simulate
     from fedmcmc.samplers import REGISTRY
-    from fedmcmc.app import step
+    from fedmcmc.app import auto_step
 
     monkeypatch.setenv("FEDMCMC_CACHE", str(tmp_path))
     data, model = _breast_cancer_split(5)
@@ -165,7 +165,7 @@ def test_auto_steps_give_the_nuts_widest_and_narrowest_sds_on_breast_cancer(tmp_
     }
     for name, (args, rounds) in settings.items():
         args = dict(args, model=model)
-        value, record, _ = step.auto_step(0, name, args, model, data, mode)
+        value, record, _ = auto_step.auto_step(0, name, args, model, data, mode)
         res = simulate(0, REGISTRY[name].build(**args, step_size=value), data, np.asarray(mode.theta), rounds,
                        num_chains=16, burn_in=2_000)
         x = res.samples - res.samples.mean(axis=(0, 1))

@@ -507,12 +507,12 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
 
 
 def test_a_kept_program_is_loaded_by_another_process_and_gives_the_same_bits(tmp_path):
-    """A client's compiled program kept on disk (fedmcmc.runtime.messaging.programs) is loaded, not
+    """A client's compiled program kept on disk (fedmcmc.runtime.messaging.stored_programs) is loaded, not
     compiled again, and computes what the compiled program computes, bit for bit."""
-    from fedmcmc.runtime.messaging import programs
+    from fedmcmc.runtime.messaging import stored_programs as programs
 
     code = ("import sys, numpy as np, jax\n"
-            "from fedmcmc.runtime.messaging import programs\n"
+            "from fedmcmc.runtime.messaging import stored_programs as programs\n"
             "f = lambda k, x: {'y': x / (1 + jax.random.normal(k, x.shape) ** 2)}\n"
             "args = (np.asarray(jax.random.PRNGKey(0)), np.linspace(0, 1, 7, dtype=np.float32))\n"
             "p = programs.program(sys.argv[1], 'f', f, args)\n"
@@ -530,7 +530,7 @@ def test_a_program_is_checked_before_other_processes_can_load_it(tmp_path, monke
     kernels: a node once ran such a file in the moment before it was removed, and failed)."""
     import jax.numpy as jnp
 
-    from fedmcmc.runtime.messaging import programs
+    from fedmcmc.runtime.messaging import stored_programs as programs
 
     real_load, seen = programs._load, []
 

@@ -61,7 +61,7 @@ same += [np.array_equal(x, y) for x, y in zip(one.state(), two.state())]
 two.restore(one.state())  # a checkpoint of either runs on the other
 same += [all(np.array_equal(a[k], b[k]) for k in a) for a, b in [(one.run(6, 3, 2), two.run(6, 3, 2))]]
 print("identical", all(same), np.array_equal(one.setup_bits, two.setup_bits))
-from fedmcmc.app.bench import devices as bench  # on CPU: the device facts only
+from fedmcmc.app.bench import accelerator as bench  # on CPU: the device facts only
 print(sorted(bench.measure(sampler, data, 2).items())[:3])
 """
 

@@ -137,7 +137,7 @@ def _main(args) -> int:
         print(f"wrote {out}/results.json and {out}/posterior.nc; {_accuracy(payload)}")
         return _exit_code(payload)
     if args.command == "predict":
-        from fedmcmc.app.predict import predict
+        from fedmcmc.app.predict_rows import predict
 
         path = predict(args.run_dir, args.data, args.out, level=args.level)
         print(f"wrote {path}")
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         from fedmcmc.runtime.cpu import one_thread_xla
 
         one_thread_xla()
-        if args.command != "node-worker":  # a node keeps its client programs in programs/ (app/flower/apps.py)
+        if args.command != "node-worker":  # a node keeps its client programs in programs/ (app/flower/replies.py)
             keep_compiled_programs()  # in the user's cache folder, unless JAX has one
     from fedmcmc.runtime.records import DivergenceError, step_advice
     from fedmcmc.runtime.workers import WorkerError

@@ -100,7 +100,7 @@ def jit(fun, **kwargs):
 def lower(fun, *args, **kwargs):
     """``jax.jit(fun, **kwargs).lower(*args)`` the way :func:`jit` compiles (YNNPACK option,
     unrolled threefry): ``.compile()`` gives the program :func:`jit` runs for these argument
-    shapes, which can then be kept on disk (:mod:`fedmcmc.runtime.messaging.programs`)."""
+    shapes, which can then be kept on disk (:mod:`fedmcmc.runtime.messaging.stored_programs`)."""
     return jit(fun, **kwargs).lower(*args)
 
 

@@ -95,7 +95,7 @@ def answer(m: dict, text: str, index: int, node: NodeView, store: dict) -> tuple
 
 def cache_dir(node_config) -> Path:
     """Where a node keeps what outlives a run, the client's compiled programs (``programs/``,
-    :mod:`fedmcmc.runtime.messaging.programs`): its node config's ``cache-dir``, else the user's cache
+    :mod:`fedmcmc.runtime.messaging.stored_programs`): its node config's ``cache-dir``, else the user's cache
     folder (:func:`fedmcmc.core.cache.user_cache`); not a run's output folder."""
     from fedmcmc.core.cache import user_cache  # imports JAX (fedmcmc.core): a relaying ClientApp never calls this
 

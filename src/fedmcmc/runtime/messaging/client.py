@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.runtime import round as rnd
-from fedmcmc.runtime.messaging import programs as programs_lib
+from fedmcmc.runtime.messaging import stored_programs as programs_lib
 from fedmcmc.runtime.messaging import secagg
 from fedmcmc.runtime.messaging.settings import flower_settings
 from fedmcmc.runtime.messaging.wire import encode_upload, from_leaves, items, leaves, pack, unpack
@@ -94,7 +94,7 @@ class ClientRuntime:
     in place of its part of the built run's data; ``identity`` names a build that is not the
     config text's alone (runs of one text that ``build`` builds differently). ``programs`` is a
     folder where the compiled programs and the run's shapes are kept for the next process
-    (:mod:`fedmcmc.runtime.messaging.programs`; None: compiled in memory).
+    (:mod:`fedmcmc.runtime.messaging.stored_programs`; None: compiled in memory).
     """
 
     def __init__(self, cfg_text: str, index: int, build: Build, data_fn: Callable | None = None, identity: str = "",
