@@ -35,6 +35,8 @@ import sys
 import tempfile
 import traceback
 
+from fedmcmc.runtime.cpu import available_cores, one_thread_xla, started_one_thread
+
 _JOBS_KEPT = 8
 _CONFIG = ("jax_enable_x64", "jax_default_prng_impl", "jax_threefry_partitionable", "jax_default_matmul_precision")
 
@@ -127,8 +129,6 @@ def _cache_env() -> dict:
 
 
 def _pool(size: int) -> list[_Process]:
-    from fedmcmc.runtime.cpu import available_cores, started_one_thread
-
     if len(_POOL) != size or any(p.proc.poll() is not None for p in _POOL):
         _shutdown()
         cores, cache = available_cores(), _cache_env()
@@ -211,8 +211,6 @@ def _serve(one_thread: bool, core: int | None) -> None:  # pragma: no cover - ru
     requests, replies = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
     import jax
-
-    from fedmcmc.runtime.cpu import one_thread_xla
 
     jax.config.update("jax_num_cpu_devices", 1)  # whatever --xla_force_host_platform_device_count says
 
