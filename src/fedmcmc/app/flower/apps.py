@@ -64,6 +64,7 @@ def reply_limit_mod(max_bytes: int):
 # ClientApp
 # --------------------------------------------------------------------------------------
 
+
 def make_client_app(mods=()) -> ClientApp:
     """Our ClientApp, wrapped in Flower ``mods`` (e.g. :func:`reply_limit_mod`, Flower's
     ``message_size_mod``): name a module-level ``make_client_app([...])`` as the app's
