@@ -9,7 +9,7 @@ import pytest
 
 from fedmcmc import evaluation as ev
 from fedmcmc.app import cli
-from fedmcmc.app.predict import predict
+from fedmcmc.app.predict_rows import predict
 from fedmcmc.models import linear_regression, logistic_regression
 from fedmcmc.runtime import io
 from fedmcmc.runtime.records import SimulationResult

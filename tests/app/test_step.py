@@ -66,12 +66,12 @@ def test_run_prints_and_records_the_chosen_step(tmp_path):
 
 
 def test_a_long_enough_run_draws_no_budget_warning():
-    from fedmcmc.app import step
+    from fedmcmc.app import auto_step
 
     text = CONFIG.format(sampler="qlsd*", extra="compression = { bits = 4 }")
     built = config.build(tomllib.loads(text.replace("num_iterations = 400", "num_iterations = 20000")))
-    assert built.step["expected_ess"] >= step.MIN_ESS and "rounds_needed" not in built.step
-    assert step.budget_warning(built.step, RunSettings(num_chains=2, num_iterations=20000)) is None
+    assert built.step["expected_ess"] >= auto_step.MIN_ESS and "rounds_needed" not in built.step
+    assert auto_step.budget_warning(built.step, RunSettings(num_chains=2, num_iterations=20000)) is None
     given = config.build(tomllib.loads(text.replace('"auto"', "0.001")))
     assert "expected_ess" not in given.step  # a given step is the user's: no estimate
 
@@ -118,12 +118,12 @@ def test_the_dynamic_step_starts_with_the_automatic_step_and_counts_its_slower_m
 
 
 def test_a_dynamic_step_that_cannot_reach_the_draws_says_so():
-    from fedmcmc.app import step
+    from fedmcmc.app import auto_step
 
     text = CONFIG.format(sampler="fa-ld", extra=FA_LD.replace('"auto"', "2"))
     built = config.build(tomllib.loads(text))
     assert built.step["rounds_needed"] is None
-    line = step.budget_warning(built.step, built.settings.run)
+    line = auto_step.budget_warning(built.step, built.settings.run)
     assert "no run length gives 400" in line and "drop step_decay" in line
 
 
@@ -186,7 +186,7 @@ def test_auto_steps_give_the_nuts_widest_and_narrowest_sds_on_breast_cancer(tmp_
     from fedmcmc.estimators import gradients, surrogates
     from fedmcmc.runtime.simulator import simulate
     from fedmcmc.samplers import REGISTRY
-    from fedmcmc.app import step
+    from fedmcmc.app import auto_step
 
     monkeypatch.setenv("FEDMCMC_CACHE", str(tmp_path))
     data, model = _breast_cancer_split(5)
@@ -202,7 +202,7 @@ def test_auto_steps_give_the_nuts_widest_and_narrowest_sds_on_breast_cancer(tmp_
     }
     for name, (args, rounds) in settings.items():
         args = dict(args, model=model)
-        value, record, _ = step.auto_step(0, name, args, model, data, mode)
+        value, record, _ = auto_step.auto_step(0, name, args, model, data, mode)
         res = simulate(0, REGISTRY[name].build(**args, step_size=value), data, np.asarray(mode.theta), rounds,
                        num_chains=16, burn_in=2_000)
         x = res.samples - res.samples.mean(axis=(0, 1))

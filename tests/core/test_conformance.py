@@ -2,13 +2,13 @@
 
 Over the catalog (:mod:`catalog`, every sampler and surrogate kind on real data): the bits a
 client reports (``ClientInfo.bits``) must be the length of the message that the wire layer
-actually writes for its upload (``fedmcmc.runtime.flower.wire.encode_upload``), in the setup
+actually writes for its upload (``fedmcmc.runtime.messaging.wire.encode_upload``), in the setup
 exchange and in a round; a sampler that counts otherwise misreports its communication cost in
 both runtimes. The centralised baselines (SGLD and pSGLD on the pooled data) communicate nothing
 and report 0.
 
 Over the registry (``fedmcmc.samplers.REGISTRY``, each sampler from a run config that the
-registry generates): the server and clients of the Flower runtime, without Flower, give the
+registry generates): the server and clients of the message runtime, without Flower, give the
 simulator's samples, and a run killed and resumed gives the samples of an uninterrupted one.
 """
 
@@ -26,8 +26,8 @@ from fedmcmc.app import config
 from fedmcmc.core import xla
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime import simulator
-from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
-from fedmcmc.runtime.flower.wire import encode_upload, items
+from fedmcmc.runtime.messaging.server import LocalTransport, ServerRuntime
+from fedmcmc.runtime.messaging.wire import encode_upload, items
 from fedmcmc.runtime.simulator import simulate
 from fedmcmc.samplers import REGISTRY
 

@@ -18,8 +18,8 @@ import pytest
 
 from fedmcmc.app import config
 from fedmcmc.compression import quantization
-from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
-from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, encode_upload
+from fedmcmc.runtime.messaging.server import LocalTransport, ServerRuntime
+from fedmcmc.runtime.messaging.wire import MalformedUpload, decode_upload, encode_upload
 from fedmcmc.runtime.simulator import simulate
 
 QLSD_PP = """
@@ -187,7 +187,7 @@ def test_faults_failed_and_malformed_clients_are_inactive_and_never_applied(tmp_
     assert res.total_bits_up.shape == (2,)
     assert int(res.active.sum(axis=1)[0]) <= 3 * 6 - 4
     # each client's memory term: its pending result if the server applied it, else its committed one
-    from fedmcmc.runtime.flower.wire import unpack
+    from fedmcmc.runtime.messaging.wire import unpack
 
     with np.load(tmp_path / "chunks" / "state.npz") as z:
         server_memory, last = z["ss1"], z["last_accepted"]  # QLSDPPState(position, memory)
@@ -317,7 +317,7 @@ class InProcessGrid:
         return list(self.contexts)
 
     def push_messages(self, messages):
-        from fedmcmc.app.flower.apps import from_content
+        from fedmcmc.app.flower.content import from_content
 
         ids = []
         for m in messages:
@@ -357,7 +357,8 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
     restarted after round 1 (it rejoins under its partition from its saved state) and a ``hold``
     queued behind every message (``[flower] hold = true``: answered at once, its reply dropped);
     a limit below one upload's size refuses every upload (every client inactive, never applied)."""
-    from fedmcmc.app.flower.apps import ARRAYS, HOLD, from_content, make_client_app, reply_limit_mod
+    from fedmcmc.app.flower.apps import make_client_app, reply_limit_mod
+    from fedmcmc.app.flower.content import ARRAYS, HOLD, from_content
     from fedmcmc.app.flower.grid import GridTransport
 
     seen = []
@@ -392,7 +393,8 @@ def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wr
 def test_a_node_with_other_data_shapes_is_refused_with_its_name(tmp_path, server_identity):
     """The hello exchange checks each node's client count and data shapes (here a mod makes
     partition 2 report a point of 6 features instead of 5)."""
-    from fedmcmc.app.flower.apps import from_content, make_client_app, to_content
+    from fedmcmc.app.flower.apps import make_client_app
+    from fedmcmc.app.flower.content import from_content, to_content
     from fedmcmc.app.flower.grid import GridTransport
 
     def other_data(msg, context, call_next):
@@ -505,12 +507,12 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
 
 
 def test_a_kept_program_is_loaded_by_another_process_and_gives_the_same_bits(tmp_path):
-    """A client's compiled program kept on disk (fedmcmc.runtime.flower.programs) is loaded, not
+    """A client's compiled program kept on disk (fedmcmc.runtime.messaging.stored_programs) is loaded, not
     compiled again, and computes what the compiled program computes, bit for bit."""
-    from fedmcmc.runtime.flower import programs
+    from fedmcmc.runtime.messaging import stored_programs as programs
 
     code = ("import sys, numpy as np, jax\n"
-            "from fedmcmc.runtime.flower import programs\n"
+            "from fedmcmc.runtime.messaging import stored_programs as programs\n"
             "f = lambda k, x: {'y': x / (1 + jax.random.normal(k, x.shape) ** 2)}\n"
             "args = (np.asarray(jax.random.PRNGKey(0)), np.linspace(0, 1, 7, dtype=np.float32))\n"
             "p = programs.program(sys.argv[1], 'f', f, args)\n"
@@ -528,7 +530,7 @@ def test_a_program_is_checked_before_other_processes_can_load_it(tmp_path, monke
     kernels: a node once ran such a file in the moment before it was removed, and failed)."""
     import jax.numpy as jnp
 
-    from fedmcmc.runtime.flower import programs
+    from fedmcmc.runtime.messaging import stored_programs as programs
 
     real_load, seen = programs._load, []
 
@@ -547,7 +549,7 @@ def test_a_program_is_checked_before_other_processes_can_load_it(tmp_path, monke
 
 LEAN = """
 import sys
-import fedmcmc, fedmcmc.runtime, fedmcmc.app.flower.apps, fedmcmc.app.flower.worker
+import fedmcmc, fedmcmc.runtime, fedmcmc.app.flower.apps, fedmcmc.app.flower.node_worker
 from fedmcmc.runtime.settings import FlowerSettings
 lean = "jax" not in sys.modules
 print(lean, FlowerSettings.from_section({"poll_interval": 0.5}).round_timeout, fedmcmc.runtime.simulate is fedmcmc.simulate)
@@ -564,7 +566,7 @@ def test_a_clientapp_that_relays_to_a_worker_imports_no_jax():
 
 def wait_for_key(folder, seconds: float = 60.0) -> None:
     """Return once the node worker in ``folder`` has written its key (it is listening then)."""
-    from fedmcmc.app.flower.worker import KEY
+    from fedmcmc.app.flower.node_worker import KEY
 
     deadline = time.monotonic() + seconds
     while not (folder / KEY).exists():
@@ -582,7 +584,7 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
     own; with no worker in the folder, or a stopped one, the ClientApp answers by itself and says
     why; SIGTERM stops the worker and removes its socket, also while it still imports the
     samplers; a folder too long for a Unix socket is refused with the fix."""
-    from fedmcmc.app.flower import apps, worker
+    from fedmcmc.app.flower import apps, node_worker as worker, replies
     from fedmcmc.app.flower.launch import data_paths
 
     write_sites(tmp_path)
@@ -593,8 +595,8 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
     try:
         ref = reference(text, tmp_path)
         paths = {i: {**p, "worker": str(folder)} for i, p in data_paths(text, tmp_path).items()}
-        answer = apps.answer
-        monkeypatch.setattr(apps, "answer", lambda *a: pytest.fail("a ClientApp answered by itself"))
+        answer = replies.answer
+        monkeypatch.setattr(replies, "answer", lambda *a: pytest.fail("a ClientApp answered by itself"))
         wait_for_key(folder)
         silent = socket.socket(socket.AF_UNIX)  # connects and never speaks: it must hold up no ClientApp
         silent.connect(str(folder / worker.SOCKET))
@@ -604,10 +606,10 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
         samples = np.concatenate([np.load(c)["positions"] for c in sorted((tmp_path / "out" / "chunks").glob("chunk_*"))],
                                  axis=1)
         np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
-        node = apps.NodeView({"partition-id": 0}, {"data-dir": str(tmp_path)})
+        node = replies.NodeView({"partition-id": 0}, {"data-dir": str(tmp_path)})
         with pytest.raises(RuntimeError, match=f"node worker in {folder}: .*has not received the run's inputs"):
             worker.ask(folder, ({"kind": "init"}, text, 0, node, {}))
-        monkeypatch.setattr(apps, "answer", lambda *request: ({"ok": 1}, request[-1]))
+        monkeypatch.setattr(replies, "answer", lambda *request: ({"ok": 1}, request[-1]))
         with caplog.at_level("WARNING"):
             assert worker.ask(tmp_path / "nowhere", ({"kind": "init"}, text, 0, node, {"k": 1})) == ({"ok": 1}, {"k": 1})
         assert "no fedmcmc node worker in" in caplog.text and "answering in this process" in caplog.text
@@ -624,7 +626,7 @@ def test_a_node_worker_answers_for_the_clientapps_with_the_same_samples(tmp_path
             assert "no progress in 1 s: the other side is stopped or stuck" in caplog.text, caplog.text
         finally:
             proc.send_signal(signal.SIGCONT)
-        monkeypatch.setattr(apps, "answer", answer)
+        monkeypatch.setattr(replies, "answer", answer)
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0

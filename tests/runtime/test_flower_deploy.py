@@ -11,6 +11,7 @@ import datetime
 import functools
 import ipaddress
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,11 +24,14 @@ from test_flower import QLSD_PP, SITES, reference, write_sites
 from test_secagg import GRID
 
 from fedmcmc.app import config
-from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+from fedmcmc.runtime.messaging.server import LocalTransport, ServerRuntime
 
 from fedmcmc.app.flower.launch import LocalDeployment, data_paths, free_port
 
 pytestmark = pytest.mark.slow
+
+#: fedmcmc's apps with the test-only fault mod on the ClientApp (``fault`` in a node config)
+FAULTS_APP = Path(__file__).parent / "flwr_faults"
 
 
 def _name(cn):
@@ -86,11 +90,12 @@ def deployment(tmp_path):
     tls = make_tls(tmp_path)
     keys = make_node_keys(tmp_path, 3)
     # node i reads site i's CSV file in a [data] run (`fedmcmc flower deploy`'s node config); node 2
-    # answers round 2 with undecodable bytes (only the fault run has a round 2)
+    # answers round 2 with undecodable bytes (only the fault run has a round 2; flwr_faults/faults.py)
     write_sites(tmp_path)
     nodes = data_paths(SITES, tmp_path)
     nodes[2]["fault"] = "malformed@2"
-    with LocalDeployment(3, tmp_path / "deployment", tls=tls, auth_keys=keys, node_config=nodes) as dep:
+    with LocalDeployment(3, tmp_path / "deployment", tls=tls, auth_keys=keys, node_config=nodes,
+                         app_dir=FAULTS_APP) as dep:
         yield dep
 
 

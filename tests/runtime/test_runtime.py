@@ -44,7 +44,7 @@ from fedmcmc.models.gaussian import gaussian_mean
 from fedmcmc.samplers import qlsd_sharp
 from fedmcmc.compression import quantization
 from fedmcmc.runtime import devices
-from fedmcmc.runtime.simulator import Chains
+from fedmcmc.runtime.blocks import Chains
 data = heterogeneous_gaussian(num_clients=3, dim=2)
 sampler = qlsd_sharp(gaussian_mean(2), 1e-3, 2, quantization(4))
 assert devices.placement(None, 4) is None  # CPU: one device unless asked, and asking is refused
@@ -61,7 +61,7 @@ same += [np.array_equal(x, y) for x, y in zip(one.state(), two.state())]
 two.restore(one.state())  # a checkpoint of either runs on the other
 same += [all(np.array_equal(a[k], b[k]) for k in a) for a, b in [(one.run(6, 3, 2), two.run(6, 3, 2))]]
 print("identical", all(same), np.array_equal(one.setup_bits, two.setup_bits))
-from fedmcmc.app.bench import devices as bench  # on CPU: the device facts only
+from fedmcmc.app.bench import accelerator as bench  # on CPU: the device facts only
 print(sorted(bench.measure(sampler, data, 2).items())[:3])
 """
 

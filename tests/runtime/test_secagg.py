@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from fedmcmc.app import config
-from fedmcmc.app.bench.secagg import protocol_seconds
+from fedmcmc.app.bench.secure_aggregation import protocol_seconds
 from fedmcmc.compression import FixedPointMessage, decode, encode, resolve_compressor
-from fedmcmc.runtime.flower import secagg
-from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+from fedmcmc.runtime.messaging import secagg
+from fedmcmc.runtime.messaging.server import LocalTransport, ServerRuntime
 
 from test_flower import QLSD_PP, reference
 

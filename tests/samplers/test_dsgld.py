@@ -370,7 +370,7 @@ def test_the_automatic_step_reads_the_conducive_curvature_and_refuses_an_indefin
     -49.8 for the largest shard) the step still bounds the largest M_s (the shard's own bound, at least
     L, covers a negative eigenvalue down to -L); at k = 8 (-199.8, beyond -L = -150.2) the step is
     refused in one line naming the surrogates."""
-    from fedmcmc.app import step
+    from fedmcmc.app import auto_step
     from fedmcmc.estimators.gradients import find_mode
     from fedmcmc.samplers import steps
 
@@ -380,17 +380,17 @@ def test_the_automatic_step_reads_the_conducive_curvature_and_refuses_an_indefin
     mode = find_mode(model, data)
     for f in (np.asarray(data.weights), np.full(5, 0.2)):
         args = dict(model=model, probs=f, local_steps=visit, surrogate=surrogates.taylor("full"))
-        value, record, _ = step.auto_step(0, "cg-dsgld", args, model, data, mode)
+        value, record, _ = auto_step.auto_step(0, "cg-dsgld", args, model, data, mode)
         assert value == pytest.approx(4 * steps.E / (lam * np.max(sizes / n / f) * visit), rel=1e-4)
         assert record["visit_curvature"] == pytest.approx(lam, rel=1e-4)
     f = np.full(5, 0.2)
     args = dict(model=model, probs=f, local_steps=visit, surrogate=_scaled_surrogates([3.0, 3.0]))
-    value, record, _ = step.auto_step(0, "cg-dsgld", args, model, data, mode)
+    value, record, _ = auto_step.auto_step(0, "cg-dsgld", args, model, data, mode)
     top = np.max(1 / TAU2 + sizes / f + 3 * (n - sizes / f))
     assert top > 1.2 * lam * np.max(sizes / n / f)  # the conducive term binds
     assert value == pytest.approx(4 * steps.E / (top * visit), rel=1e-4) and "conducive" in record["rule"]
     args["surrogate"] = _scaled_surrogates([5.0, 5.0])
-    value, record, _ = step.auto_step(0, "cg-dsgld", args, model, data, mode)
+    value, record, _ = auto_step.auto_step(0, "cg-dsgld", args, model, data, mode)
     curvatures = 1 / TAU2 + sizes / f + 5 * (n - sizes / f)
     assert -lam < curvatures.min() < 0
     assert value == pytest.approx(4 * steps.E / (curvatures.max() * visit), rel=1e-4)
@@ -403,5 +403,5 @@ def test_the_automatic_step_reads_the_conducive_curvature_and_refuses_an_indefin
     assert np.argmin(1 / TAU2 + sizes / f + 8 * (n - sizes / f)) == 2 and np.min(1 / TAU2 + 8 * n - 7 * sizes / f) < -lam
     with pytest.raises(ValueError, match=r"visit potential on shard 2 is not convex at the mode.*eigenvalue -200.*"
                                          r"a custom surrogate fitter.*no step fixes that.*smaller alpha") as err:
-        step.auto_step(0, "cg-dsgld", args, model, data, mode)
+        auto_step.auto_step(0, "cg-dsgld", args, model, data, mode)
     assert "\n" not in str(err.value)

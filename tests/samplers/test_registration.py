@@ -1,5 +1,5 @@
 """A sampler registered with the two required fields of ``Registered`` (builder and summary) goes
-through everything: the simulator, the Flower runtime's messages, a run config, the bench and the
+through everything: the simulator, the message runtime's messages, a run config, the bench and the
 catalogue; ``step_size = "auto"`` and ``[privacy]`` are refused for it in one line."""
 
 import json
@@ -11,7 +11,7 @@ from fedmcmc.app import config
 from fedmcmc.app.bench import chains
 from fedmcmc.app.flower import nodes
 from fedmcmc.estimators import gradients
-from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+from fedmcmc.runtime.messaging.server import LocalTransport, ServerRuntime
 from fedmcmc.runtime.simulator import simulate
 from fedmcmc.samplers import NOT_ACCOUNTED, REGISTRY, Registered
 from fedmcmc.samplers.qlsd import qlsd
@@ -64,7 +64,7 @@ def test_the_config_takes_the_builders_keys_and_its_defaults():
 
 
 def test_the_simulator_and_the_flower_messages_give_the_same_draws(tmp_path):
-    """The server and clients of the Flower runtime without Flower (``LocalTransport``), each
+    """The server and clients of the message runtime without Flower (``LocalTransport``), each
     built from the config text, give the simulator's draws and bits."""
     text = _text("step_size = 1e-3")
     cfg, built = config.from_text(text)

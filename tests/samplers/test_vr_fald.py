@@ -202,7 +202,7 @@ def test_flower_runtime_gives_the_simulators_samples_with_full_batches(tmp_path)
     import functools
 
     from fedmcmc.app import config
-    from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+    from fedmcmc.runtime.messaging.server import LocalTransport, ServerRuntime
 
     text = ('[problem]\nname = "heterogeneous-gaussian"\nnum_clients = 3\ndim = 3\nmin_size = 10\nmax_size = 30\n'
             '[sampler]\nname = "vr-fald*"\nstep_size = 1e-3\nlocal_steps = 4\ncorrelation = 0.5\n'

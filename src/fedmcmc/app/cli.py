@@ -137,7 +137,7 @@ def _main(args) -> int:
         print(f"wrote {out}/results.json and {out}/posterior.nc; {_accuracy(payload)}")
         return _exit_code(payload)
     if args.command == "predict":
-        from fedmcmc.app.predict import predict
+        from fedmcmc.app.predict_rows import predict
 
         path = predict(args.run_dir, args.data, args.out, level=args.level)
         print(f"wrote {path}")
@@ -161,11 +161,11 @@ def _main(args) -> int:
     if args.command == "node-worker":
         import logging
 
-        from fedmcmc.app.flower import worker
+        from fedmcmc.app.flower import node_worker
 
         logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s")
         logging.getLogger("fedmcmc").setLevel(logging.INFO)
-        worker.serve(args.folder, args.idle)
+        node_worker.serve(args.folder, args.idle)
         return 0
     if args.command == "bench":
         from fedmcmc.app.bench import run as run_bench
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         from fedmcmc.runtime.cpu import one_thread_xla
 
         one_thread_xla()
-        if args.command != "node-worker":  # a node keeps its client programs in programs/ (app/flower/apps.py)
+        if args.command != "node-worker":  # a node keeps its client programs in programs/ (app/flower/replies.py)
             keep_compiled_programs()  # in the user's cache folder, unless JAX has one
     from fedmcmc.runtime.records import DivergenceError, step_advice
     from fedmcmc.runtime.workers import WorkerError

@@ -11,7 +11,7 @@ and ``[run]``. Relative file paths are relative to the config file's folder. Exa
 
     [sampler]
     name = "qlsd*"                    # a sampler of fedmcmc.samplers.REGISTRY
-    step_size = 4.9e-4                # or "auto": from the curvature at the mode (fedmcmc.app.step)
+    step_size = 4.9e-4                # or "auto": from the curvature at the mode (fedmcmc.app.auto_step)
     batch_fraction = 0.1              # or batch_size = 10 (per client), omit for full batches
     compression = { bits = 8 }        # or { levels = 16 }, "none"
     participation = { p = 0.5, scaling = "inverse_probability" }
@@ -84,7 +84,7 @@ class Built(NamedTuple):
         the data were (:class:`fedmcmc.app.inputs.Inputs`), None for a ``[problem]``.
     step, privacy
         How the step size was set: ``{"value": ..., "rule": "given"}``, or with ``step_size = "auto"``
-        the record of :func:`fedmcmc.app.step.auto_step` (value, rule, curvature, rounds, bits); with
+        the record of :func:`fedmcmc.app.auto_step.auto_step` (value, rule, curvature, rounds, bits); with
         ``[privacy]``, the bounds and the (epsilon, delta) the run meets (:func:`fedmcmc.app.privacy.settle`).
     laplace, start
         ``(approximation or None, record)`` of :func:`fedmcmc.app.posterior.laplace` and the chains'
@@ -399,7 +399,7 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
             args.update({"model": on[0], **({"mode": on[1]} if "mode" in args else {})})
     found = None
     if auto_step:
-        from fedmcmc.app import step as auto
+        from fedmcmc.app import auto_step as auto
 
         param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
         args[param], step, found = auto.auto_step(settings.run.seed, name, args, on[0], data, on[1],
@@ -466,7 +466,7 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     config or its data are refused, nor into a folder that holds a run without ``resume`` or
     ``overwrite`` (:func:`fedmcmc.runtime.identity.claim`); a resume of another run is refused
     naming the first setting that differs."""
-    from fedmcmc.app import step as auto, whiten
+    from fedmcmc.app import auto_step as auto, whiten
     from fedmcmc.runtime import devices, identity as run_identity
     from fedmcmc.runtime.records import DivergenceError
     from fedmcmc.runtime.simulator import simulate

@@ -5,7 +5,7 @@
 Hessian at ``z* = 0`` is the identity: ``step_size = "auto"`` then takes its step from a curvature
 of about 1, whatever the units or the correlations of the features (docs/design.md, "Whitening").
 The chains start at the run's starting points mapped to ``z`` and their draws are mapped back to
-``theta`` before any output; the simulator and the Flower runtime never see the map.
+``theta`` before any output; the simulator and the message runtime never see the map.
 
 * ``"auto"`` (the default): whiten when ``step_size = "auto"`` and the Laplace approximation can
   be had: not for the models of :data:`fedmcmc.app.posterior.NOT_LOG_CONCAVE`, not under

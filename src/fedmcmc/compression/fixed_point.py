@@ -13,7 +13,7 @@ exact float32 operations, which no compiler rewrite changes, so every runtime co
 ``q``; ``S`` becomes a float32 once, in the same way everywhere.
 
 This is the integer representation that secure aggregation needs (the server learns only ``S``,
-:mod:`fedmcmc.runtime.flower.secagg`), and the plain runs use it too, so a secure run gives the
+:mod:`fedmcmc.runtime.messaging.secagg`), and the plain runs use it too, so a secure run gives the
 plain run's samples bit for bit. The message is a :class:`FixedPointMessage`: the inner message
 travels in its own encoding (the grid costs no bit in a plain run); ``value`` (the client's
 ``q``) and ``offset`` do not travel: a receiver recomputes ``q`` from the inner message, and

@@ -1,7 +1,7 @@
 """The contract between algorithms and runtimes.
 
 Every federated sampler is a :class:`FederatedSampler`: four pure functions that the
-vectorised simulator (:func:`fedmcmc.simulate`) and the Flower runtime both call.
+vectorised simulator (:func:`fedmcmc.simulate`) and the message runtime both call.
 Keys are always the first argument; states and infos are NamedTuples.
 
 Round ``k`` of a run, for one chain::

@@ -19,7 +19,7 @@ no device count. What fedmcmc needs for speed it asks for per program, in :func:
    worker processes, one per core, ran so already; the user's process now does too.
 
 All three change how XLA fuses or adds, hence possibly the last bit of a float, so every program
-whose numbers must agree (the simulator, its worker processes and the Flower runtime) is
+whose numbers must agree (the simulator, its worker processes and the message runtime) is
 compiled by this :func:`jit`, and the agreement is tested.
 """
 
@@ -100,7 +100,7 @@ def jit(fun, **kwargs):
 def lower(fun, *args, **kwargs):
     """``jax.jit(fun, **kwargs).lower(*args)`` the way :func:`jit` compiles (YNNPACK option,
     unrolled threefry): ``.compile()`` gives the program :func:`jit` runs for these argument
-    shapes, which can then be kept on disk (:mod:`fedmcmc.runtime.flower.programs`)."""
+    shapes, which can then be kept on disk (:mod:`fedmcmc.runtime.messaging.stored_programs`)."""
     return jit(fun, **kwargs).lower(*args)
 
 

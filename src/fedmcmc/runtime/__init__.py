@@ -1,7 +1,7 @@
 """Running a sampler: one round (:mod:`fedmcmc.runtime.round`, with the key schedule) and the run
 records (:mod:`fedmcmc.runtime.records`) shared by two drivers, the vectorised simulator
 (:func:`simulate`, chains over worker processes after :func:`tune_cpu`) and the message runtime
-that Flower carries (:mod:`fedmcmc.runtime.flower`); outputs in ArviZ's schema
+that Flower carries (:mod:`fedmcmc.runtime.messaging`); outputs in ArviZ's schema
 (:mod:`fedmcmc.runtime.io`).
 
 The names below are imported on first use, as in :mod:`fedmcmc`: a module of this package that

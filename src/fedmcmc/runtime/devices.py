@@ -2,7 +2,7 @@
 
 On a GPU or TPU, :func:`fedmcmc.simulate` splits its chains over every local device of JAX's
 default backend (or over ``devices=`` of them): each device runs the program of a block of
-consecutive chains, the same program a block runs alone (:class:`fedmcmc.runtime.simulator.Chains`),
+consecutive chains, the same program a block runs alone (:class:`fedmcmc.runtime.blocks.Chains`),
 with no collective, so the samples are those of one device bit for bit (chains are independent and
 their keys depend on their global index only). Clients are not split: the server's sum over
 clients would become a reduction across devices, in another order.

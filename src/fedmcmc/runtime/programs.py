@@ -5,7 +5,7 @@ A round is :mod:`fedmcmc.runtime.round` (clients under ``vmap``, then the server
 draws and, inside, over the rounds between two kept draws, accumulating the bits sent and the
 active clients of each draw's window. Both programs are compiled by
 :func:`fedmcmc.core.xla.jit` (:func:`build`, cached per sampler and data) and run by
-:class:`fedmcmc.runtime.simulator.Chains`, in this process or in worker processes, which
+:class:`fedmcmc.runtime.blocks.Chains`, in this process or in worker processes, which
 compile them once per block shape (:func:`compile_block`).
 """
 

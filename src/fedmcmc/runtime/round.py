@@ -11,7 +11,7 @@ Keys (the same in every runtime, so that runs are reproducible bit for bit)::
 Every function here is for one chain; ``b`` is the number of clients, ``ids`` the indices of
 the clients being run (all of them in the simulator, one in a Flower node), and the client
 functions run those clients under ``vmap``. The simulator (:mod:`fedmcmc.runtime.simulator`) and the
-Flower runtime (:mod:`fedmcmc.runtime.flower`) add only what is theirs: chunks and chains, or
+message runtime (:mod:`fedmcmc.runtime.messaging`) add only what is theirs: chunks and chains, or
 messages.
 
 Chains (on CPU) are computed in blocks (:func:`block_width`, :func:`blockwise`): every program

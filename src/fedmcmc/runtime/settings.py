@@ -6,8 +6,8 @@ and the fix. :meth:`Settings.from_config` makes both from a parsed config;
 :func:`fedmcmc.app.config.validate` calls it where a config is read, and the run it builds carries
 the result (:attr:`fedmcmc.app.config.Built.settings`) to the simulator path
 (:func:`fedmcmc.app.config.run`), to the Flower server and clients
-(:class:`~fedmcmc.runtime.flower.server.ServerRuntime`,
-:class:`~fedmcmc.runtime.flower.client.ClientRuntime`) and to the ServerApp's transport
+(:class:`~fedmcmc.runtime.messaging.server.ServerRuntime`,
+:class:`~fedmcmc.runtime.messaging.client.ClientRuntime`) and to the ServerApp's transport
 (:class:`~fedmcmc.app.flower.grid.GridTransport`). Each field's ``metadata["doc"]`` is its line of
 ``docs/reference/config.md`` (:mod:`fedmcmc.app.reference`).
 
@@ -32,7 +32,7 @@ MAX_STORED_DRAWS = 2000
 #: ``[run] init`` values that are words (:func:`fedmcmc.app.posterior.starts`).
 INITS = ("dispersed", "mode", "zeros")
 #: The fewest clients whose sum a round of secure aggregation may reveal (``[flower] secure_min_clients``,
-#: at least this; :mod:`fedmcmc.runtime.flower.secagg`).
+#: at least this; :mod:`fedmcmc.runtime.messaging.secagg`).
 MIN_SECURE_CLIENTS = 2
 
 
@@ -229,7 +229,7 @@ class FlowerSettings(_Section):
     round_timeout
         Seconds a round waits for the clients' replies (a positive number, as a float).
     max_upload_norm
-        ``"auto"`` (the server's bound from recent norms, :mod:`fedmcmc.runtime.flower.server`) or a
+        ``"auto"`` (the server's bound from recent norms, :mod:`fedmcmc.runtime.messaging.server`) or a
         fixed positive bound on each part of an upload.
     exact
         Whether each client computes on ``b`` copies of itself, for the simulator's draws bit for bit.

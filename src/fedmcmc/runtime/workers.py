@@ -16,7 +16,7 @@ the parent those of the workers.
 
 The protocol is a strict request and reply over the worker's stdin and stdout: frames of
 an 8-byte length and a pickle. A request is ``(method, args)``; the reply is ``("ok", value)``
-or ``("error", exception, traceback)``. ``start`` builds a :class:`fedmcmc.runtime.simulator.Chains`
+or ``("error", exception, traceback)``. ``start`` builds a :class:`fedmcmc.runtime.blocks.Chains`
 from a job (sampler, data, statistic; sent with cloudpickle once and then named by its
 hash) and the block's chains; ``run``, ``state`` and ``restore`` are forwarded to it.
 A worker exits when its stdin closes, so it never outlives the process that started it.
@@ -34,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import traceback
+
+from fedmcmc.runtime.cpu import available_cores, one_thread_xla, started_one_thread
 
 _JOBS_KEPT = 8
 _CONFIG = ("jax_enable_x64", "jax_default_prng_impl", "jax_threefry_partitionable", "jax_default_matmul_precision")
@@ -127,8 +129,6 @@ def _cache_env() -> dict:
 
 
 def _pool(size: int) -> list[_Process]:
-    from fedmcmc.runtime.cpu import available_cores, started_one_thread
-
     if len(_POOL) != size or any(p.proc.poll() is not None for p in _POOL):
         _shutdown()
         cores, cache = available_cores(), _cache_env()
@@ -212,8 +212,6 @@ def _serve(one_thread: bool, core: int | None) -> None:  # pragma: no cover - ru
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
     import jax
 
-    from fedmcmc.runtime.cpu import one_thread_xla
-
     jax.config.update("jax_num_cpu_devices", 1)  # whatever --xla_force_host_platform_device_count says
 
     # XLA's CPU client sizes the programs it compiles to its intra-op threads, as many as the
@@ -226,8 +224,9 @@ def _serve(one_thread: bool, core: int | None) -> None:  # pragma: no cover - ru
     if core is not None and hasattr(os, "sched_setaffinity"):
         for thread in os.listdir("/proc/self/task"):  # the pool's threads too
             pin(int(thread), core)
+    # imported only now, after the XLA settings above: importing the samplers may start JAX
+    from fedmcmc.runtime.blocks import Chains
     from fedmcmc.runtime.programs import compile_block
-    from fedmcmc.runtime.simulator import Chains
 
     jobs: dict[str, tuple] = {}
     block = None

@@ -79,7 +79,7 @@ NOT_ACCOUNTED = "no privacy mapping is registered for this sampler (fedmcmc.samp
 
 class Registered(NamedTuple):
     """A sampler under its paper name: all that the config, the automatic step, the privacy
-    accountant, the Flower runtime, the bench and the tests know of it (module docstring).
+    accountant, the message runtime, the bench and the tests know of it (module docstring).
 
     Attributes
     ----------
@@ -110,7 +110,7 @@ class Registered(NamedTuple):
     auto_keys
         ``{key: rule(record, args) -> value}``: ``[sampler]`` keys besides ``step_size`` that
         ``"auto"`` sets from the same curvature (with ``step_size = "auto"``), from the step's
-        record (``value``, ``lambda_max``, ``lambda_min``: :func:`fedmcmc.app.step.auto_step`) and
+        record (``value``, ``lambda_max``, ``lambda_min``: :func:`fedmcmc.app.auto_step.auto_step`) and
         the builder's arguments (:func:`fedmcmc.samplers.steps.of_lambda_max` makes one of a
         function of ``lambda_max``).
     privacy

@@ -18,7 +18,7 @@
 (f) ``federation_overhead_large``: a QLSD++ round (8-bit QSGD, 20 clients) over the same
     minibatch gradients alone, on the BNN study's MLP and LeNet-5 (:mod:`fedmcmc.app.bench.large`).
 (g) ``secure_aggregation``: the upload bits and round time of QLSD++ with secure aggregation over
-    the plain run, in process (:mod:`fedmcmc.app.bench.secagg`).
+    the plain run, in process (:mod:`fedmcmc.app.bench.secure_aggregation`).
 (h) ``no_padding_tax``: full-batch QLSD# on the toy problem's unbalanced clients against ULA on the
     pooled points, interleaved in one process (:mod:`fedmcmc.app.bench.padding`).
 """
@@ -34,7 +34,7 @@ import numpy as np
 from fedmcmc.runtime import cpu, io
 from fedmcmc.estimators import gradients
 from fedmcmc.app import problems
-from fedmcmc.app.bench import devices as device_bench, flower as flower_bench, large, numpy_reference, secagg
+from fedmcmc.app.bench import accelerator, flower as flower_bench, large, numpy_reference, secure_aggregation
 from fedmcmc.app.bench.chains import chain_scaling
 from fedmcmc.app.bench.padding import padding_overhead
 from fedmcmc.compression import identity, quantization
@@ -138,7 +138,7 @@ def run(out: Path, quick: bool = False, flower: bool = False) -> dict:
     payload = {
         "quick": quick,
         "workers": cpu.default_workers(),
-        "devices": device_bench.measure(star, data, iters),
+        "devices": accelerator.measure(star, data, iters),
         "qlsd_star_chain_iterations_per_second": {"ours_30_chains": ours, "ours_30_chains_one_process": ours_one_process,
                                                    "ours_1_chain": ours_one, "numpy_reference_1_chain": numpy_rate},
         "speedup_vs_numpy": ours / numpy_rate,
@@ -154,7 +154,7 @@ def run(out: Path, quick: bool = False, flower: bool = False) -> dict:
         "dsgld_sparse_speedup": ds["cg_dsgld_steps_per_second"] / ds["cg_dsgld_dense_steps_per_second"],
         "chains_scale": chain_scaling(0.25 if quick else 1.0),
         "federation_overhead_large": large.run(quick),
-        "secure_aggregation": secagg.run(Path(out) / "secagg", quick),
+        "secure_aggregation": secure_aggregation.run(Path(out) / "secagg", quick),
         "no_padding_tax": padding_overhead(iterations=iters, repeats=5 if quick else 7),  # target 3 of docs/benchmarks.md
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},

@@ -4,7 +4,7 @@ Each sampler runs in this process (one XLA device, no worker
 processes: the gain measured is that of running chains together under ``vmap``, the same on
 any number of cores), with 1 and with 30 chains, the runs interleaved and the best of
 ``repeats`` kept. What is timed is the simulator's compiled chunk of rounds
-(:class:`fedmcmc.runtime.simulator.Chains`), not a whole :func:`fedmcmc.simulate` call, whose
+(:class:`fedmcmc.runtime.blocks.Chains`), not a whole :func:`fedmcmc.simulate` call, whose
 set-up would count against 1 chain. The gain is the ratio of chain-iterations per second, 30 chains over 1;
 QLSD*'s gain is the reference every sampler is held to (:data:`TARGET` of it).
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from fedmcmc.app import config
 from fedmcmc.runtime.round import block_width
-from fedmcmc.runtime.simulator import Chains
+from fedmcmc.runtime.blocks import Chains
 from fedmcmc.samplers import REGISTRY
 
 CHAINS = 30

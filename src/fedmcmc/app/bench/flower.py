@@ -8,7 +8,7 @@ runs, one after the other (ours and the echoes alternating):
   and ``median_client_process_seconds`` (seconds from a ClientApp process's start to its round
   reply) from ``results.json``, both with the default ``[flower] hold = false``, and QLSD++ again
   with ``hold`` messages (``hold = true``, docs/flower.md); each SuperNode has a node worker
-  (:mod:`fedmcmc.app.flower.worker`), as under ``fedmcmc flower deploy``;
+  (:mod:`fedmcmc.app.flower.node_worker`), as under ``fedmcmc flower deploy``;
 * a trivial echo app (``flwr_echo/``) on Flower's default loop (``Grid.send_and_receive``),
   sending and answering arrays of the bytes of our QLSD++ round's message and reply;
 * the same echo app whose ClientApp imports JAX and runs one operation before answering;
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedmcmc.app.bench import secagg
+from fedmcmc.app.bench import secure_aggregation
 from fedmcmc.app.flower.launch import NODE_ENV, LocalDeployment
 
 ECHO_DIR = Path(__file__).parent / "flwr_echo"
@@ -108,7 +108,7 @@ def run(out, quick: bool = False, rounds: int | None = None) -> dict:
         ours["fa-hmc"] = _ours(dep, out, "fa-hmc", rounds)
         echo_jax = _echo(dep, out / "echo-jax", rounds, *sizes, import_jax=True)
         with_hold = _ours(dep, out, "qlsd++", rounds, hold=True)
-        secure = secagg.deployment(dep, out, _PROBLEM, _RUN, rounds)  # secure aggregation's round, plain and secure
+        secure = secure_aggregation.deployment(dep, out, _PROBLEM, _RUN, rounds)  # secure aggregation's round, plain and secure
     with LocalDeployment(CLIENTS, out / "deployment-no-worker", workers=False) as dep:
         without_worker = _ours(dep, out, "qlsd++", rounds)
     round_ratio = max(o["median_round_seconds"] for o in ours.values()) / echo["median_round_seconds"]

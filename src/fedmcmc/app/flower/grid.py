@@ -1,5 +1,5 @@
 """The ServerApp's side of the wire: client indices to SuperNodes over a Flower ``Grid``
-(:class:`GridTransport`, the transport of :class:`~fedmcmc.runtime.flower.server.ServerRuntime`)."""
+(:class:`GridTransport`, the transport of :class:`~fedmcmc.runtime.messaging.server.ServerRuntime`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 
-from fedmcmc.app.flower.apps import HOLD, from_content, log, message_type, to_content
+from fedmcmc.app.flower.content import HOLD, from_content, log, message_type, to_content
 from fedmcmc.runtime.settings import FlowerSettings
 
 

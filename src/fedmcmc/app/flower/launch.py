@@ -134,13 +134,15 @@ def free_port() -> int:
 class LocalDeployment:
     """A SuperLink and ``n`` SuperNodes on 127.0.0.1 (context manager; every process it
     started is stopped on exit). ``tls=(ca, cert, key)`` paths switch TLS on. Each SuperNode
-    has a node worker (:mod:`fedmcmc.app.flower.worker`, folder ``workdir/workerI``) unless
+    has a node worker (:mod:`fedmcmc.app.flower.node_worker`, folder ``workdir/workerI``) unless
     ``workers=False``. With ``simulation=True`` the SuperLink runs Flower's simulation engine
-    with ``n`` virtual SuperNodes instead (no SuperNode processes)."""
+    with ``n`` virtual SuperNodes instead (no SuperNode processes). :meth:`submit` submits the app
+    folder ``app_dir`` (default: the app shipped with the package, ``flwr_app/``)."""
 
     def __init__(self, n: int, workdir, tls=None, node_config=None, auth_keys=None, simulation: bool = False,
-                 workers: bool = True):
+                 workers: bool = True, app_dir=APP_DIR):
         self.n, self.workdir, self.tls, self.simulation = n, Path(workdir), tls, simulation
+        self.app_dir = Path(app_dir)
         self.workers = workers and not simulation
         self.node_config = node_config or {}
         self.auth_keys = auth_keys  # [(private key path, public key path)] per node, or None
@@ -252,7 +254,7 @@ class LocalDeployment:
                 old.unlink()
         engine = "simulation" if self.simulation else "deployment"
         run_config = run_config_file(Path(cfg_path).read_text(), out, resume, engine, data_dir or Path(cfg_path).parent)
-        self.flwr_run(APP_DIR, run_config)
+        self.flwr_run(self.app_dir, run_config)
         return result
 
     def flwr_run(self, app_dir, run_config: Path) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from fedmcmc.app import config as config_lib
 from fedmcmc.app import inputs as inputs_lib
-from fedmcmc.runtime.flower.client import config_hash
+from fedmcmc.runtime.messaging.client import config_hash
 from fedmcmc.core.base import ClientData
 from fedmcmc.data import local
 from fedmcmc.data import federated
@@ -95,7 +95,7 @@ def parsed(text: str) -> dict:
 
 def base_dir(node):
     """Where the config's relative paths start on this node (``node``: its
-    :class:`~fedmcmc.app.flower.apps.NodeView` or Flower ``Context``): the run config's ``data-dir``."""
+    :class:`~fedmcmc.app.flower.replies.NodeView` or Flower ``Context``): the run config's ``data-dir``."""
     return str(node.run_config.get("data-dir", "")) or None
 
 

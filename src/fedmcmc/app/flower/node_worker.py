@@ -8,7 +8,7 @@ the ClientApp process imports Flower and NumPy only: it sends the message, the r
 text, the node's ``Context`` fields and its stored state to the worker listening in
 ``FOLDER`` and relays the answer; JAX, the node's data, its built runs and compiled programs
 stay loaded in the worker between messages. The worker runs
-:func:`fedmcmc.app.flower.apps.answer`, as the ClientApp process would, so the replies are the
+:func:`fedmcmc.app.flower.replies.answer`, as the ClientApp process would, so the replies are the
 same bit for bit; the node's state still travels in Flower's ``Context.state``, so a worker
 holds nothing that a restart would lose. If no worker answers in ``FOLDER`` (not started,
 killed, or stopped or stuck so that it does not prove its key within ``HANDSHAKE_TIMEOUT``
@@ -42,9 +42,10 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 
+from fedmcmc.app.flower import replies
 from fedmcmc.runtime.settings import FlowerSettings
 
-log = logging.getLogger("fedmcmc.runtime.flower")
+log = logging.getLogger("fedmcmc.runtime.messaging")
 
 SOCKET, KEY = "socket", "key"
 #: The longest path of a Unix socket on Linux (``sun_path`` holds 108 bytes with the final NUL).
@@ -68,7 +69,6 @@ def serve(folder, idle: float = 3600.0) -> None:
         os.chmod(folder, 0o700)
     except OSError as err:
         raise ValueError(f"cannot make the worker's folder {folder} ({err.strerror}): choose a folder you can write") from None
-    from fedmcmc.app.flower import apps
 
     key = secrets.token_bytes(32)
     # before the socket exists: a SIGTERM at any time after removes it (the samplers' import below
@@ -79,7 +79,7 @@ def serve(folder, idle: float = 3600.0) -> None:
     # connects and then stays silent holds up only that thread, never the next ClientApp
     with Listener(str(address), "AF_UNIX") as listener:
         _write_private(folder / KEY, key)  # after the socket exists: a ClientApp that reads the key can connect
-        apps._lib()  # JAX and the samplers, while the first ClientApp process connects
+        replies.lib()  # JAX and the samplers, while the first ClientApp process connects
         last, busy = [time.monotonic()], threading.Lock()
 
         def watch():  # exit when idle; never in the middle of an answer
@@ -104,7 +104,7 @@ def serve(folder, idle: float = 3600.0) -> None:
                 with busy:  # one answer at a time
                     try:
                         try:
-                            conn.send(("ok", *apps.answer(*request)))
+                            conn.send(("ok", *replies.answer(*request)))
                         except Exception as err:  # noqa: BLE001 -- the ClientApp raises it as its own error
                             conn.send(("error", f"{type(err).__name__}: {err}"))
                     except (OSError, EOFError) as err:  # the ClientApp process went away
@@ -122,7 +122,7 @@ def serve(folder, idle: float = 3600.0) -> None:
 
 
 def ask(folder, request: tuple) -> tuple[dict, dict]:
-    """``(reply, store)`` of :func:`fedmcmc.app.flower.apps.answer` for ``request``
+    """``(reply, store)`` of :func:`fedmcmc.app.flower.replies.answer` for ``request``
     (``(m, text, index, node, store)``), from the worker in ``folder`` or, if none answers
     there, from this process."""
     m, text = request[:2]
@@ -130,11 +130,9 @@ def ask(folder, request: tuple) -> tuple[dict, dict]:
     try:
         conn = _connect(folder / SOCKET, (folder / KEY).read_bytes(), HANDSHAKE_TIMEOUT)
     except (OSError, EOFError, AuthenticationError) as err:
-        from fedmcmc.app.flower import apps
-
         log.warning("no fedmcmc node worker in %s (%s); answering in this process (start one with "
                     "`fedmcmc node-worker %s`)", folder, _why(err), folder)
-        return apps.answer(*request)
+        return replies.answer(*request)
     timeout = FlowerSettings.from_section(tomllib.loads(text).get("flower")).round_timeout  # the server waits no longer
     with conn:
         conn.send(request)

@@ -11,7 +11,7 @@
   a wrong length or shape, a wrong codec, NaN/inf or a norm above a fixed bound raise
   :class:`MalformedUpload` (the server then treats the client as inactive for that round), and
   it reports each part's norm for the server's bound learned from the uploads
-  (``[flower] max_upload_norm = "auto"``, :mod:`~fedmcmc.runtime.flower.server`).
+  (``[flower] max_upload_norm = "auto"``, :mod:`~fedmcmc.runtime.messaging.server`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 :class:`ServerRuntime` runs the server side of any :class:`~fedmcmc.core.base.FederatedSampler`
 over a transport (Flower's ``Grid`` in :mod:`fedmcmc.app.flower.apps`, or direct calls in tests);
-:class:`~fedmcmc.runtime.flower.client.ClientRuntime` runs one client's side on its own data. Messages are dicts of
+:class:`~fedmcmc.runtime.messaging.client.ClientRuntime` runs one client's side on its own data. Messages are dicts of
 ``str``, ``int``, ``bytes``, lists of them, and lists of NumPy arrays (what Flower's records carry).
 
 Same samples as :func:`fedmcmc.simulate`: both call the round of :mod:`fedmcmc.runtime.round`
@@ -10,7 +10,7 @@ Same samples as :func:`fedmcmc.simulate`: both call the round of :mod:`fedmcmc.r
 the server stacks the replies into the leading client axis and calls the same ``server_step``;
 both compute the chains in the simulator's blocks (:func:`fedmcmc.runtime.round.blockwise`).
 
-Faults. A client that fails, times out, or sends an upload that :func:`~fedmcmc.runtime.flower.wire.decode_upload`
+Faults. A client that fails, times out, or sends an upload that :func:`~fedmcmc.runtime.messaging.wire.decode_upload`
 rejects is inactive for that round (``mask[c, i] = False``, which the sampler's participation
 weights see). The client keeps its round result as *pending*; each message names, per chain,
 the round of the client's last upload the server applied (``accepted_round``), and the client
@@ -34,7 +34,7 @@ refusing them (honest uploads can repeat, e.g. deterministic ones at a fixed poi
 whose bytes equal one of the ``NORM_WINDOW`` rounds before (``replayed_uploads``) or another
 client's in the same round (``copied_uploads``); ``results.json``'s ``flower`` entry reports both.
 
-Secure aggregation (``[flower] secure_aggregation = true``, :mod:`~fedmcmc.runtime.flower.secagg`):
+Secure aggregation (``[flower] secure_aggregation = true``, :mod:`~fedmcmc.runtime.messaging.secagg`):
 the clients upload double-masked grid integers; the server unmasks each chain's sum of the
 active clients' (asking the survivors for their self seeds and their seeds with a client that
 dropped out) and hands it to the same ``server_step``, so the samples are the plain run's.
@@ -56,15 +56,15 @@ import numpy as np
 from fedmcmc.compression import FixedPointMessage
 from fedmcmc.compression.fixed_point import grid_bound
 from fedmcmc.core import xla
-from fedmcmc.runtime.flower import secagg
+from fedmcmc.runtime.messaging import secagg
 from fedmcmc.runtime import round as rnd
 from fedmcmc.runtime import identity
-from fedmcmc.runtime.flower.client import Build, ClientRuntime
-from fedmcmc.runtime.flower.wire import MalformedUpload, decode_upload, from_leaves, items, leaves
+from fedmcmc.runtime.messaging.client import Build, ClientRuntime
+from fedmcmc.runtime.messaging.wire import MalformedUpload, decode_upload, from_leaves, items, leaves
 from fedmcmc.runtime.records import assemble, check_finite, save_npz
 from fedmcmc.runtime.round import chain_keys
 
-log = logging.getLogger("fedmcmc.runtime.flower")
+log = logging.getLogger("fedmcmc.runtime.messaging")
 
 #: ``max_upload_norm = "auto"``: an upload part above this many times the reference norm is rejected.
 NORM_FACTOR = 100.0
@@ -90,7 +90,7 @@ class ServerRuntime:
         :class:`fedmcmc.runtime.settings.Settings`, checked where the config is parsed): of
         ``[flower]``, ``round_timeout`` (seconds a round waits for replies), ``max_upload_norm``
         (``"auto"``, above, or a fixed bound on each part's norm), ``secure_aggregation``
-        (:mod:`~fedmcmc.runtime.flower.secagg`; the server then sees only each round's sum of the
+        (:mod:`~fedmcmc.runtime.messaging.secagg`; the server then sees only each round's sum of the
         uploads) and ``secure_min_clients``.
     out_dir
         Output folder: ``chunks/`` (draws, server state) and ``nodes/`` (the clients' own
@@ -375,7 +375,7 @@ class ServerRuntime:
         self.hashes.append(set(owner))
 
     def _keys(self, transport):
-        """Secure aggregation's key exchange (:mod:`~fedmcmc.runtime.flower.secagg`): every client's
+        """Secure aggregation's key exchange (:mod:`~fedmcmc.runtime.messaging.secagg`): every client's
         public key, then all of them to every client."""
         replies = self._all(transport, {i: self._message("secagg_keys") for i in range(self.b)}, "key")
         publics = b"".join(bytes(replies[i]["public"]) for i in range(self.b))

@@ -2,10 +2,10 @@
 
 The run is QLSD++ (8-bit QSGD on the fixed-point grid ``2^-16 Z``, ``|x| <= 1000``, full
 participation, minibatches of 5, one chain) on the heterogeneous Gaussian problem with
-``clients`` clients and dimension ``dim``, over :class:`~fedmcmc.runtime.flower.server.ServerRuntime`
-and :class:`~fedmcmc.runtime.flower.server.LocalTransport` (the server and every client in this
+``clients`` clients and dimension ``dim``, over :class:`~fedmcmc.runtime.messaging.server.ServerRuntime`
+and :class:`~fedmcmc.runtime.messaging.server.LocalTransport` (the server and every client in this
 process, no Flower): ``plain`` (the QSGD code travels), ``secure`` (masked grid integers,
-:mod:`fedmcmc.runtime.flower.secagg`) and ``secure_dropout`` (client 0 fails every round, so
+:mod:`fedmcmc.runtime.messaging.secagg`) and ``secure_dropout`` (client 0 fails every round, so
 the survivors reveal their seeds with it each round). The three runs are interleaved,
 ``repeats`` times; a run's time per round is the median of its rounds, the best over repeats.
 
@@ -68,7 +68,7 @@ def deployment(dep, out, problem: str, run: str, rounds: int) -> dict:
 
 def _run(text: str, folder, faults=None) -> tuple[float, dict, float]:
     from fedmcmc.app import config
-    from fedmcmc.runtime.flower.server import LocalTransport, ServerRuntime
+    from fedmcmc.runtime.messaging.server import LocalTransport, ServerRuntime
 
     server = ServerRuntime(text, folder, config.from_text)
     res = server.run(LocalTransport(text, server.b, config.from_text, faults=faults))
@@ -81,7 +81,7 @@ def protocol_seconds(clients: int, dim: int, repeats: int = 5) -> dict:
     client dropped (the survivors' seeds revealed); best of ``repeats``."""
     import time
 
-    from fedmcmc.runtime.flower import secagg as protocol
+    from fedmcmc.runtime.messaging import secagg as protocol
 
     keys = [protocol.keypair() for _ in range(clients)]
     q = np.random.default_rng(0).integers(-2 ** 20, 2 ** 20, (clients, dim)).astype(np.int32)

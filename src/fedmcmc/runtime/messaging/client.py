@@ -4,7 +4,7 @@
 blocks: :func:`fedmcmc.runtime.round.blockwise`) with the round of :mod:`fedmcmc.runtime.round`,
 so its uploads are the simulator's. Messages are dicts of ``str``,
 ``int``, ``bytes`` and lists of them (what a Flower ``ConfigRecord`` carries); the kinds are
-``hello``, ``init``, ``setup``, ``setup_receive`` and ``round`` (see :mod:`fedmcmc.runtime.flower.server`
+``hello``, ``init``, ``setup``, ``setup_receive`` and ``round`` (see :mod:`fedmcmc.runtime.messaging.server`
 for the faults and the commit rule of pending states).
 
 The run is named by its config text and built by the ``build`` function the caller passes
@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.runtime import round as rnd
-from fedmcmc.runtime.flower import programs as programs_lib
-from fedmcmc.runtime.flower import secagg
-from fedmcmc.runtime.flower.wire import encode_upload, from_leaves, items, leaves, pack, unpack
+from fedmcmc.runtime.messaging import stored_programs as programs_lib
+from fedmcmc.runtime.messaging import secagg
+from fedmcmc.runtime.messaging.wire import encode_upload, from_leaves, items, leaves, pack, unpack
 from fedmcmc.runtime.records import save_npz
 from fedmcmc.runtime.settings import RunSettings
 from fedmcmc.runtime.round import chain_keys
@@ -95,7 +95,7 @@ class ClientRuntime:
     in place of its part of the built run's data; ``identity`` names a build that is not the
     config text's alone (runs of one text that ``build`` builds differently). ``programs`` is a
     folder where the compiled programs and the run's shapes are kept for the next process
-    (:mod:`fedmcmc.runtime.flower.programs`; None: compiled in memory).
+    (:mod:`fedmcmc.runtime.messaging.stored_programs`; None: compiled in memory).
     """
 
     def __init__(self, cfg_text: str, index: int, build: Build, data_fn: Callable | None = None, identity: str = "",
@@ -227,10 +227,10 @@ class ClientRuntime:
         raise ValueError(f"unknown message kind {kind!r}")
 
     def _secagg(self, kind: str, msg: dict, store: dict, state_dir: Path | None) -> dict:
-        """The key exchange of secure aggregation (:mod:`fedmcmc.runtime.flower.secagg`): make a key
+        """The key exchange of secure aggregation (:mod:`fedmcmc.runtime.messaging.secagg`): make a key
         pair (``secagg_keys``), keep the peers' public keys (``secagg_peers``), or reveal this
         client's self seeds of one round and its seeds with the clients that dropped out
-        (``secagg_reveal``), under :func:`~fedmcmc.runtime.flower.secagg.check_reveal`'s rule."""
+        (``secagg_reveal``), under :func:`~fedmcmc.runtime.messaging.secagg.check_reveal`'s rule."""
         if kind == "secagg_keys":
             private, public = secagg.keypair()
             store.update(secagg_private=private, secagg_publics=b"")
@@ -296,7 +296,7 @@ class ClientRuntime:
         return secagg.round_seed(cache[pair], k, chain)
 
     def _check_masks(self, msg: dict, store: dict, k: int, mask) -> None:
-        """Refuse a secure round whose active sets :func:`~fedmcmc.runtime.flower.secagg.check_mask`
+        """Refuse a secure round whose active sets :func:`~fedmcmc.runtime.messaging.secagg.check_mask`
         forbids (too few clients, or another set than this round and chain had), else remember them."""
         active = np.asarray(msg["active"][0], bool)
         if active.shape != (mask.shape[0], self.b) or not np.array_equal(active[:, self.index], mask):

@@ -1,0 +1,103 @@
+"""A node's side of a run on Flower: :func:`answer` gives client ``index``'s reply to one server
+message and the node's state after it, in the ClientApp process or in the node's worker
+(:mod:`fedmcmc.app.flower.node_worker`), with the same result.
+
+``state-dir`` in the node config sets where the node checkpoints its client state, ``data-path``
+the file a ``[data]`` run's node reads as its own client, and ``cache-dir`` where it keeps its
+compiled programs (:func:`cache_dir`).
+
+This module imports neither JAX nor the samplers: :func:`lib` does, on first use, so that a
+ClientApp process that relays to a node worker (or answers a ``hold``) imports none of them
+(docs/flower.md, "Latency per round").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+
+def lib():
+    """The modules a ClientApp or ServerApp needs beyond Flower (JAX, the samplers), on first use,
+    with XLA started on one intra-op thread (:func:`fedmcmc.runtime.cpu.one_thread_xla`)."""
+    # imported here, not at the top: JAX is started on one thread before it is imported, and a
+    # relaying ClientApp process never imports it
+    from fedmcmc.runtime.cpu import one_thread_xla
+
+    one_thread_xla()
+    from fedmcmc.app import config, inputs
+    from fedmcmc.app.flower import nodes
+    from fedmcmc.runtime.messaging import client, server
+
+    return config, inputs, nodes, client, server
+
+
+class NodeView(NamedTuple):
+    """What answering a message reads of Flower's ``Context`` (its ``node_config`` and
+    ``run_config``), as plain dicts: it travels to a node worker (:mod:`fedmcmc.app.flower.node_worker`)."""
+
+    node_config: dict
+    run_config: dict
+
+
+_RUNTIMES: dict[tuple, object] = {}
+
+
+def _runtime(text: str, index: int, node: NodeView, store: dict, programs):
+    """The node's ``ClientRuntime``: built from the config (a ``[problem]``), or from the run's
+    ``Inputs`` the server sent (the ``nodes`` message) and the node's own data (a ``[data]`` run);
+    its compiled programs kept in the folder ``programs``."""
+    config_lib, _, nodes, client, _ = lib()
+    if "data" not in nodes.parsed(text):
+        key = (client.config_hash(text), index)
+        if key not in _RUNTIMES:
+            _RUNTIMES[key] = client.ClientRuntime(text, index, config_lib.from_text, programs=programs)
+        return _RUNTIMES[key]
+    if "inputs" not in store:
+        raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
+    key = (client.config_hash(text), index, store["inputs"])
+    if key not in _RUNTIMES:
+        train, _ = nodes.node_local(text, index, node)
+        cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
+        built = nodes.build_from_inputs(cfg, info, nodes.base_dir(node))
+        _RUNTIMES[key] = client.ClientRuntime(text, index, lambda _: (cfg, built),
+                                              lambda i: nodes.own_data(train, i, info),
+                                              identity=client.config_hash(store["inputs"]), programs=programs)
+    return _RUNTIMES[key]
+
+
+def answer(m: dict, text: str, index: int, node: NodeView, store: dict) -> tuple[dict, dict]:
+    """``(reply, store)``: the reply of client ``index`` to the message ``m`` of the run ``text``,
+    and the node's ``store`` (its state between messages, kept in Flower's ``Context.state``)
+    after it. A ``[data]`` run's ``hello`` (the node's :class:`~fedmcmc.app.inputs.ClientSummary`)
+    and ``nodes`` (the run's inputs, kept in ``store``) are answered here, the rest by the node's
+    ``ClientRuntime``. Run in the ClientApp process or in the node's worker, with the same result."""
+    nodes, client = lib()[2:4]
+    run = client.config_hash(text)
+    if store.get("config") not in (None, run):
+        store = {}  # a new run with another config on this node
+    store["config"] = run
+    for name in ("secagg-signing-key", "secagg-verify-keys"):  # signed key advertisements (paths)
+        if node.node_config.get(name):
+            store[name.replace("-", "_")] = str(node.node_config[name])
+    if node.node_config.get("state-dir"):
+        m["state_dir"] = str(node.node_config["state-dir"])
+    if m["kind"] == "hello" and "data" in nodes.parsed(text):
+        _, summary = nodes.node_local(text, index, node)
+        return {"index": index, "num_clients": nodes.num_clients(nodes.parsed(text)["data"]),
+                "shapes": [summary.input_shape, []], "summary": nodes.summary_to_json(summary)}, store
+    if m["kind"] == "nodes":
+        store["inputs"] = m["inputs"]
+        return {"ok": 1}, store
+    programs = cache_dir(node.node_config) / "programs"
+    return _runtime(text, index, node, store, programs).handle(m, store), store
+
+
+def cache_dir(node_config) -> Path:
+    """Where a node keeps what outlives a run, the client's compiled programs (``programs/``,
+    :mod:`fedmcmc.runtime.messaging.stored_programs`): its node config's ``cache-dir``, else the user's cache
+    folder (:func:`fedmcmc.core.cache.user_cache`); not a run's output folder."""
+    from fedmcmc.core.cache import user_cache  # imports JAX (fedmcmc.core): a relaying ClientApp never calls this
+
+    given = str(node_config.get("cache-dir", "")) or None
+    return Path(given) if given else user_cache()
