@@ -37,8 +37,9 @@ one_thread_xla()
 # most tests first), and these would otherwise start last and run alone at the end. The deployment
 # test starts first because it mostly waits on Flower's polling, which the other workers fill.
 SLOWEST_FIRST = ("test_flower_deploy.py", "test_no_hang.py", "test_conformance.py", "test_fa_hmc.py",
-                 "test_cli.py", "test_qlsd_mean_recursion.py", "test_dsgld_experiments.py", "test_flower.py",
-                 "test_runtime.py", "test_step.py", "test_tutorial.py")
+                 "test_runtime.py", "test_qlsd_mean_recursion.py", "test_step.py", "test_tutorial.py",
+                 "test_no_tuning.py", "test_cli.py", "test_flower.py", "test_dsgld.py", "test_dsgld_experiments.py",
+                 "test_posterior_check_runs.py", "test_qlsd_bnn_experiment.py")
 
 
 def pytest_collection_modifyitems(items):

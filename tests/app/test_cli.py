@@ -190,6 +190,7 @@ def contents(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_step_size_is_refused_and_keeps_the_run(finished, tmp_path):
     cfg, out = finished
     before = contents(out)
@@ -200,6 +201,7 @@ def test_a_resume_with_another_step_size_is_refused_and_keeps_the_run(finished, 
     assert contents(out) == before  # the chunks, the checkpoint and the outputs as they were
 
 
+@pytest.mark.slow
 def test_a_folder_holding_a_run_is_refused_and_replaced_only_with_overwrite(finished, tmp_path):
     cfg, out = finished
     before = contents(out)

@@ -2,11 +2,13 @@
 the sampled law of theta follows the exact law of the leapfrog clock."""
 
 import numpy as np
+import pytest
 
 from fedmcmc.app.studies import fahmc_dimension as E
 from fedmcmc.app.studies.runner import run_study
 
 
+@pytest.mark.slow
 def test_fahmc_dimension_sampled_rounds_follow_the_exact_law(tmp_path):
     r = run_study(E, tmp_path, quick=True, progress=False,
               settings=dict(dims=[1, 16], sample_dims=[1], num_chains=400, max_rounds=5000))

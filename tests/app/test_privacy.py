@@ -43,6 +43,7 @@ def write(tmp_path, privacy, sampler="qlsd#"):
     return path
 
 
+@pytest.mark.slow
 def test_a_budget_picks_the_clip_and_the_run_records_what_it_met(tmp_path):
     """... and release = "draws" writes the same draws with only what the accountant covers."""
     path = write(tmp_path, "delta = 1e-5\nepsilon = 2.0")

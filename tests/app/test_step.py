@@ -65,6 +65,7 @@ def test_run_prints_and_records_the_chosen_step(tmp_path):
             in proc.stderr and f"set num_iterations >= {step['rounds_needed']}" in proc.stderr)
 
 
+@pytest.mark.slow
 def test_a_long_enough_run_draws_no_budget_warning():
     from fedmcmc.app import auto_step
 
@@ -133,6 +134,7 @@ def test_the_dynamic_step_is_not_accounted_by_privacy():
     assert "constant step" in json.dumps(built.privacy)
 
 
+@pytest.mark.slow
 def test_psgld_auto_is_one_clear_line(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(CONFIG.format(sampler="psgld", extra=""))
@@ -266,6 +268,7 @@ def test_whitening_lets_the_automatic_step_sample_an_ill_conditioned_posterior()
         assert mean_error.max() < 4 and sd_error.max() < 4, (mean_error, sd_error)
 
 
+@pytest.mark.slow
 def test_whitening_records_its_cost_or_why_it_is_off():
     from fedmcmc.estimators import approximation
 

@@ -23,6 +23,7 @@ def decoded_norms(compressor, vectors, key=0):
     return messages, info, np.linalg.norm(np.asarray(decoded, np.float64), axis=1)
 
 
+@pytest.mark.slow
 def test_qsgd_decodes_longer_than_its_input_and_the_clip_holds_on_the_decoded_message():
     d, bound = 64, 1.0
     v = jax.random.normal(jax.random.key(1), (500, d))

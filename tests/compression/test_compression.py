@@ -118,6 +118,7 @@ def test_quantization_levels_bounded_and_zero_preserved():
         np.testing.assert_allclose(np.asarray(norms), np.linalg.norm(v), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_quantize_non_finite_input_gives_nan_and_zero_levels():
     c = quantization(16)
     for bad in (np.inf, -np.inf, np.nan):
@@ -176,6 +177,7 @@ def test_zero_vector_maps_to_zero_with_finite_bits():
     assert norm2 == 0 and np.all(levels2 == 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [[1, 7, 2**16, 2**24], 7])
 def test_apply_under_scan_and_double_vmap_matches_wire_format(spec):
     """apply inside lax.scan with vmap over chains and clients: the bits it reports are the

@@ -153,6 +153,7 @@ def test_each_body_length_matches_reference(d):
     np.testing.assert_array_equal(dense, [r["dense"] - HEADER for r in reference])
 
 
+@pytest.mark.slow
 def test_sparse_body_of_long_vectors_across_blocks():
     """Long vectors (the blocked gap count): nonzeros at block edges (multiples of 16 and
     their neighbours), runs, and gaps spanning many blocks, up to gaps of 2**17 whose

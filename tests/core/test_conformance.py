@@ -45,6 +45,7 @@ def test_the_catalog_has_every_registered_sampler():
     assert all(any(key == name or key.startswith(name + "-") for key in NAMES) for name in REGISTRY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_counted_bits_are_the_encoded_message_length(name):
     sampler, data = catalog()[name]

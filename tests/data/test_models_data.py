@@ -106,6 +106,7 @@ def test_subset_indices_equal_sequential_floyd(count, n, k):
         assert np.all(got[n:] == 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("partitionable", [True, False])
 @pytest.mark.parametrize("sizes", [[19, 10, 4, 9, 8, 4, 16, 1, 9, 1, 4, 16], [90, 2, 25, 7, 30, 11, 3, 6, 20, 9, 14, 1]])
 def test_minibatches_by_bucket_are_each_clients_own(sizes, partitionable):

@@ -11,6 +11,7 @@ from fedmcmc.estimators.gradients import find_mode
 from fedmcmc.models import linear_regression
 
 
+@pytest.mark.slow
 def test_lambda_max_of_a_logistic_regression_is_the_exact_hessians():
     data, model = breast_cancer(num_clients=4)
     mode = find_mode(model, data)

@@ -100,6 +100,7 @@ def test_nuts_reference_on_logistic_regression_agrees_with_importance_sampling(t
     assert np.all(np.abs(x.mean(axis=0) - is_mean) < 5 * se), (x.mean(axis=0), is_mean, se)
 
 
+@pytest.mark.slow
 def test_mala_reference_recovers_a_gaussian_posterior(tmp_path, monkeypatch):
     """MALA's Metropolis correction removes the Langevin bias: at a step where ULA's variance
     would be 25% too large, MALA's draws match the exact posterior."""

@@ -77,6 +77,7 @@ def written(breast_cancer, tmp_path_factory):
     return out, summary, lines
 
 
+@pytest.mark.slow
 def test_inference_data_follows_the_schema_and_arviz_runs_on_it(written, breast_cancer):
     out, _, _ = written
     _, draws, tests = breast_cancer
@@ -249,6 +250,7 @@ def test_original_scale_against_a_hand_computation():
         original_scale(draws, "linear", scaling, target)
 
 
+@pytest.mark.slow
 def test_a_standardised_regression_target_is_read_in_its_own_units(tmp_path):
     """write_run of linear regression with unknown noise on a standardised target (mean 120,
     scale 20): held-out log-likelihood, observed data and RMSE/NLL in the target's units, the

@@ -68,6 +68,7 @@ def test_unflatten_flatten_round_trip():
         ParamLayout(("a", "a"), ((1,), (2,)), (0.0, 0.0))
 
 
+@pytest.mark.slow
 def test_initial_position_scales():
     layout = mlp_layout(400, (300,), 10, activation="relu")
     theta = initial_position(jax.random.key(0), layout)
@@ -98,6 +99,7 @@ def _directional_fd_check(model, theta, datum, key, num_dirs=4, eps=1e-5):
     return f, g
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["softmax", "mlp-relu", "mlp-tanh-binary", "lenet-relu-max", "lenet-tanh-avg"])
 def test_log_likelihood_gradient_matches_finite_differences(which):
     rng = np.random.default_rng(3)
@@ -127,6 +129,7 @@ def test_log_likelihood_gradient_matches_finite_differences(which):
                 assert float(g[j]) == pytest.approx(float(fd), rel=1e-5, abs=1e-8), (name, j)
 
 
+@pytest.mark.slow
 def test_lenet_minibatch_gradient_equals_batched_network_gradient():
     """The per-datum vmap the samplers use agrees with one pass of the network on the batch,
     and padding rows (weight 0) do not count."""
@@ -162,6 +165,7 @@ def test_minibatch_oracle_runs_on_uint8_images():
 
 # -------------------------------------------------------------------------- likelihoods
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["softmax", "mlp", "mlp-binary", "lenet"])
 def test_predict_is_a_distribution_matching_the_likelihood(which):
     rng = np.random.default_rng(4)
@@ -292,6 +296,7 @@ def test_lenet_matches_an_independent_implementation(act, pool):
         np.testing.assert_allclose(p[i], _numpy_lenet(params, x[i].astype(np.float64), act, pool), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_input_shapes():
     model, layout = lenet5(), lenet5_layout()
     theta = initial_position(jax.random.key(0), layout)

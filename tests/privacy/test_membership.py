@@ -6,6 +6,7 @@ every threshold (up to Monte-Carlo error), while it does detect the canary."""
 import math
 
 import numpy as np
+import pytest
 
 from fedmcmc.data.federated import from_clients
 from fedmcmc.models import clipped_gradients, logistic_regression
@@ -25,6 +26,7 @@ def last_draws(canary_x, seed):
     return np.asarray(res.samples[:, -1] @ np.ones(2))  # the attacker's score: along the canary
 
 
+@pytest.mark.slow
 def test_attack_advantage_stays_within_the_accounted_bound():
     eps = account("sgld", Setting(STEP, ROUNDS, None, CLIP, (10,), None, (1.0,), "full", False), DELTA)
     eps = eps["record"]["epsilon"]

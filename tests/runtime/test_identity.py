@@ -43,6 +43,7 @@ def sampler(step=GAMMA):
     return qlsd_star(MODEL, step, gradients.find_mode(MODEL, DATA), [3, 4, 5, 6], quantization(4))
 
 
+@pytest.mark.slow
 def test_the_sampler_is_described_alike_in_two_processes_and_by_its_settings():
     """The structural description holds no address or id: another process (with another hash
     seed) gives the same JSON, and it names the step size, which tells two settings apart."""
@@ -59,6 +60,7 @@ def test_the_sampler_is_described_alike_in_two_processes_and_by_its_settings():
     assert not any("0x" in str(value) for value in here[0].values())
 
 
+@pytest.mark.slow
 def test_a_resume_with_other_data_or_settings_is_refused_naming_what_differs(tmp_path):
     simulate(7, sampler(), DATA, THETA0, 8, out_dir=tmp_path, **KWARGS)
     chunks = sorted(p.name for p in (tmp_path / "chunks").iterdir())
@@ -73,6 +75,7 @@ def test_a_resume_with_other_data_or_settings_is_refused_naming_what_differs(tmp
     assert sorted(p.name for p in (tmp_path / "chunks").iterdir()) == chunks
 
 
+@pytest.mark.slow
 def test_a_folder_holding_a_run_takes_another_only_with_overwrite(tmp_path):
     first = simulate(7, sampler(), DATA, THETA0, 8, out_dir=tmp_path, **KWARGS)
     before = {p.name: p.read_bytes() for p in (tmp_path / "chunks").iterdir()}
@@ -96,6 +99,7 @@ def test_a_checkpoint_without_an_identity_is_refused(tmp_path):
         simulate(7, sampler(), DATA, THETA0, 8, out_dir=tmp_path, resume=True, **KWARGS)
 
 
+@pytest.mark.slow
 def test_a_study_into_a_folder_holding_its_run_needs_resume_or_overwrite(tmp_path):
     from types import SimpleNamespace
 

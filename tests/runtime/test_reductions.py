@@ -37,6 +37,7 @@ def ula_reference(seed, num_clients, theta0, iterations, chain=0):
 THETA0 = np.array([1.0, -2.0, 0.5], np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qlsd", "lsd*", "lsd++", "qlsd++ identity"])
 def test_full_batch_identity_full_participation_is_ula_step_for_step(name):
     mode = gradients.find_mode(MODEL, DATA)
@@ -53,6 +54,7 @@ def test_full_batch_identity_full_participation_is_ula_step_for_step(name):
     assert np.abs(ours - ref).max() < 1e-2 * np.abs(ref - THETA0).max()
 
 
+@pytest.mark.slow
 def test_one_client_qlsd_is_centralised_sgld_bit_for_bit():
     pooled = DATA.pooled()
     fed = simulate(5, qlsd_sharp(MODEL, GAMMA, 20, identity()), pooled, THETA0, ITERS, num_chains=3)
@@ -75,6 +77,7 @@ def test_same_seed_same_samples_different_seed_different_samples():
     assert not np.array_equal(a.samples[0], a.samples[1])
 
 
+@pytest.mark.slow
 def test_step_size_schedules():
     constant = simulate(2, qlsd_sharp(MODEL, GAMMA, [3, 4, 5, 6]), DATA, THETA0, 30, num_chains=2)
     scheduled = simulate(2, qlsd_sharp(MODEL, lambda k: GAMMA + 0.0 * k, [3, 4, 5, 6]), DATA, THETA0, 30, num_chains=2)
@@ -99,6 +102,7 @@ def test_per_client_compressors():
     assert per_client.total_bits_up.min() > cheap.total_bits_up.max()
 
 
+@pytest.mark.slow
 def test_bits_are_the_clients_encoded_sizes():
     q = quantization(16)
     res = simulate(0, qlsd_sharp(MODEL, GAMMA, None, q), DATA, THETA0, 10, num_chains=2)
@@ -111,6 +115,7 @@ def test_bits_are_the_clients_encoded_sizes():
     np.testing.assert_array_equal(ident.bits_up, 32 * d * DATA.num_clients)
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch):
     sampler = qlsd_star(MODEL, GAMMA, gradients.find_mode(MODEL, DATA), [3, 4, 5, 6], quantization(4))
     kwargs = dict(num_chains=3, burn_in=10, thinning=2, chunk_size=10, statistic=jnp.linalg.norm)

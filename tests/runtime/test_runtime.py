@@ -17,6 +17,7 @@ from fedmcmc.runtime import simulator, workers
 from fedmcmc.runtime.round import block_width, blockwise
 
 
+@pytest.mark.slow
 def test_import_changes_nothing_in_jax():
     code = ("import os, jax; from jax._src.interpreters import mlir; from jax._src.random import threefry2x32 as tf\n"
             "rule = mlir._platform_specific_lowerings['cpu'].get(tf.threefry2x32_p)\n"
@@ -205,6 +206,7 @@ print("RESULT", np.array_equal(pooled, alone), os.path.exists(folder))
 """
 
 
+@pytest.mark.slow
 def test_workers_compile_each_program_once():
     """Two workers (blocks of 2 chains): the first compiles init and the chunk, the second
     loads both from the pool's own compilation cache (no cache set by the user), which goes with the

@@ -73,6 +73,7 @@ def test_double_masks_cancel_a_dropout_is_unmasked_and_a_late_upload_stays_maske
     np.testing.assert_array_equal(wrapped, np.asarray(jnp.sum(jnp.asarray(big), axis=0, dtype=jnp.int32)))
 
 
+@pytest.mark.slow
 def test_fixed_point_sums_integers_travels_as_its_inner_message_and_refuses_unequal_weights():
     comp = resolve_compressor({"bits": 4, "fixed_point": {"fraction_bits": 16, "max_abs": 2.0}})
     v = jnp.array([0.3, -1.7, 5.0, 0.0])
@@ -217,6 +218,7 @@ def test_a_sum_of_fewer_than_two_clients_is_never_revealed():
         secagg.check_reveal(answered, k, chain, 0, [1], secagg.check_mask([], k, chain, [0, 1, 2]), "new keys")
 
 
+@pytest.mark.slow
 def test_a_secure_server_refuses_one_survivor_replays_and_forged_words(tmp_path):
     """In process: two clients active in a chain, one failing, leave one survivor: its upload is not
     unmasked (no client applied, counted). A client's masked upload replayed from an earlier round,

@@ -243,6 +243,7 @@ def test_dg_sgld_exact_gibbs_matches_its_stationary_law():
     assert np.max(np.abs(mean - MU)) * np.sqrt(N) > 3 and var[0] * N > 2
 
 
+@pytest.mark.slow
 def test_dg_sgld_partial_participation_and_langevin_server_step():
     p, rho, steps = 0.6, 0.05, 3
     gamma = 0.3 / (SIZES + 1 / rho)
@@ -286,6 +287,7 @@ def test_dg_sgld_approaches_the_posterior_as_rho_vanishes():
     assert within(means.mean(axis=0), sq.mean(axis=0), se(means), se(sq)), (means.mean(0) - MU, sq.mean(0) * N)
 
 
+@pytest.mark.slow
 def test_quadratic_prior_detection():
     P = np.array([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 3.0]])
     c = np.array([0.3, -1.0, 0.5])
@@ -359,6 +361,7 @@ def test_fedavg_several_local_steps_converge_to_the_drifted_fixed_point():
     assert corrected.total_bits_up[0] == 2 * res.total_bits_up[0]  # h_c rides with the change
 
 
+@pytest.mark.slow
 def test_fedavg_aggregation_and_compression():
     data, model = factor_data(), gaussian_factors(2)
     theta = jnp.asarray([0.5, -1.0])

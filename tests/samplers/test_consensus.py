@@ -101,6 +101,7 @@ def test_the_unweighted_average_fails_the_same_checks(gaussian):
         harness.assert_close(samples.var(axis=1, ddof=1), np.full(DIM, var), "naive variance")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [consensus_mc, gaussian_product])
 def test_a_non_gaussian_model_runs_with_minibatches(build):
     """Logistic regression: the combinations are biased there (the papers' point); they run, with
@@ -114,6 +115,7 @@ def test_a_non_gaussian_model_runs_with_minibatches(build):
     assert np.all(np.isfinite(result.samples))
 
 
+@pytest.mark.slow
 def test_uploads_are_counted_as_sent():
     """Consensus MC uploads ``G d`` floats a site; the Gaussian product ``d + d (d + 1) / 2``."""
     data = harness.problem(sizes=(10, 12), dim=DIM)
@@ -162,6 +164,7 @@ def test_an_untempered_prior_fails_the_same_checks(gaussian):
         harness.assert_close(samples.var(axis=1, ddof=1), np.full(DIM, var), "untempered variance")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [consensus_mc, gaussian_product])
 def test_a_round_that_misses_a_site_keeps_the_previous_draws(build):
     """A Flower client past its timeout is inactive: the server holds its last combination."""

@@ -206,6 +206,7 @@ def test_sgld_surrogate_recovers_a_known_gaussian(covariance):
         assert_close(1.0 / np.asarray(fits.precision, np.float64), np.diag(cov), "fitted variances")
 
 
+@pytest.mark.slow
 def test_laplace_surrogate_sits_at_the_local_mode():
     data, _ = logistic_regression_data(seed=2, dim=3, num_points=60, num_clients=2, feature_scale=1.0)
     model = logistic_regression(3)
@@ -217,6 +218,7 @@ def test_laplace_surrogate_sits_at_the_local_mode():
     np.testing.assert_allclose(q.precision, -jax.hessian(log_density)(mode), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_communication_and_draw_accounting():
     data = blobs()
     model = gaussian_mean(2, prior_scale=np.sqrt(TAU2))
@@ -238,6 +240,7 @@ def test_communication_and_draw_accounting():
     np.testing.assert_array_equal(res.samples, again.samples)
 
 
+@pytest.mark.slow
 def test_only_the_visited_shard_computes():
     """The simulator runs one shard a round (max_active = 1); the dense path gives the same draws."""
     data = blobs()
@@ -266,6 +269,7 @@ def test_bad_settings_are_rejected():
         simulate(0, dsgld(model, [0.5, 0.5], 1e-4, 2), blobs(), np.zeros(2), 2)
 
 
+@pytest.mark.slow
 def test_taylor_surrogates_at_the_anchor_make_every_shards_potential_the_posteriors_and_at_a_start_concave():
     """A shard's local potential in CG-DSGLD, ``-log p - (1 / f_s) log p(x_s | theta) - log q + (1 / f_s)
     log q_s``, has the Hessian ``H_0 + H_s / f_s + L - L_s / f_s`` at the mode. Taylor surrogates fitted
@@ -317,6 +321,7 @@ def _scaled_surrogates(k):
     return fit
 
 
+@pytest.mark.slow
 def test_a_diverging_sgld_surrogate_is_refused_naming_its_fitter_and_a_good_one_runs():
     """A surrogate whose local Langevin chain diverges (step 10 on shards of curvature ~30) is not
     finite: refused after the setup exchange, naming the shard, the fitter and its remedy (a smaller
@@ -362,6 +367,7 @@ def test_the_visit_curvature_includes_the_conducive_term_in_closed_form(full_dim
     np.testing.assert_allclose(taylor.low, 1 / TAU2 + n, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_the_automatic_step_reads_the_conducive_curvature_and_refuses_an_indefinite_visit():
     """CG-DSGLD's step_size = "auto" on the Gaussian shards: with Taylor surrogates at the mode it is
     DSGLD's rule (4E / (L max_s(w_s / f_s + kappa_s) V), here with full shards, kappa = 0); with

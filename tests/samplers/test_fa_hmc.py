@@ -85,6 +85,7 @@ def test_one_leapfrog_step_is_the_fa_ld_update():
     np.testing.assert_allclose(law.var, [1.0 / (4.0 * (1.0 - gamma * 4.0 / 2.0))], rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_fa_ld_is_fa_hmc_with_one_leapfrog_step():
     a = simulate(3, fa_ld(MODEL, W, ETA, T), DATA, jnp.zeros(DIM), 5, num_chains=2).samples
     b = simulate(3, fa_hmc(MODEL, W, ETA, 1, T), DATA, jnp.zeros(DIM), 5, num_chains=2).samples
@@ -128,6 +129,7 @@ def every_fifth_to_tenth(j):  # a schedule of the trajectory counter j = floor(n
     return jnp.where(j < 2, 0.2, 0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("momentum_sync, schedule", [("local", None), ("local", every_fifth_to_tenth),
                                                      ("average", None)])
 def test_one_client_on_the_leapfrog_clock_is_unadjusted_hmc(momentum_sync, schedule):
@@ -161,6 +163,7 @@ def test_one_client_on_the_leapfrog_clock_is_unadjusted_hmc(momentum_sync, sched
         np.testing.assert_allclose(samples[r], theta, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_trajectory_clock_is_the_leapfrog_clock_with_k_t_steps():
     """Algorithm 3 with T trajectories per round is the leapfrog clock with K T steps: same draws."""
     kw = dict(correlation=0.5, gradient_noise=1.0, debiased=True)
@@ -206,6 +209,7 @@ def scalar_leapfrog_variance(eta, num_steps, sigma, two_draws):
     return float(theta @ theta)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gaussian noise", "minibatches of one"])
 def test_two_gradient_draws_per_leapfrog_step(kind):
     """Issue 13's check: one client, U = theta^2 / 2, sigma = 2, eta = 0.5, K = 3, 40,000 chains.
@@ -395,6 +399,7 @@ def test_weights_for_another_number_of_clients_are_rejected():
         simulate(0, fa_hmc(MODEL, [0.5, 0.5], ETA, K, T), DATA, jnp.zeros(DIM), 2)
 
 
+@pytest.mark.slow
 def test_a_diverging_step_size_is_reported():
     from fedmcmc import DivergenceError
 

@@ -23,6 +23,7 @@ BATCH = np.array([3, 4, 5, 6])
 L = 3
 
 
+@pytest.mark.slow
 def test_a_stale_client_refreshes_at_the_broadcast_anchor_and_a_fresh_one_keeps_its_own():
     sampler = qlsd_pp(MODEL, GAMMA, BATCH, identity(), participation.bernoulli(0.5), refresh_every=L)
     clients = DATA.clients()
@@ -71,6 +72,7 @@ def expected_bits_down(active, b, d, l):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["full", "bernoulli"])
 @pytest.mark.parametrize("batch", [None, BATCH])
 def test_broadcast_bits_count_the_anchor_when_it_travels(scheme, batch):
@@ -86,6 +88,7 @@ def test_broadcast_bits_count_the_anchor_when_it_travels(scheme, batch):
         assert np.any(expected > 32 * d * res.active) and np.any(expected == 32 * d * res.active)
 
 
+@pytest.mark.slow
 def test_lsd_pp_is_qlsd_pp_with_the_identity_compressor_bit_for_bit():
     """Algorithm S3 is Algorithm 2 without compression, memory terms included."""
     part = participation.bernoulli(0.5, "inverse_probability")
@@ -96,6 +99,7 @@ def test_lsd_pp_is_qlsd_pp_with_the_identity_compressor_bit_for_bit():
     np.testing.assert_array_equal(a.bits_down, b.bits_down)
 
 
+@pytest.mark.slow
 def test_memory_updates_agree_under_full_participation():
     q = quantization(4)
     a = simulate(2, qlsd_pp(MODEL, GAMMA, BATCH, q, refresh_every=L), DATA, THETA0, 30, num_chains=2)
@@ -120,6 +124,7 @@ def test_memory_updates_differ_under_partial_participation_and_s45_needs_probabi
         qlsd_pp(MODEL, GAMMA, BATCH, q, memory_update="S45")
 
 
+@pytest.mark.slow
 def test_s45_default_rate_is_the_algorithm_box_and_a_rate_past_its_bound_is_refused():
     """Under eq. S45 the default alpha_i = p_i / (omega_i + 1) applies 1 / (omega_i + 1) on active
     clients, the algorithm box's default chain bit for bit; a given alpha with

@@ -68,6 +68,7 @@ def qsgd_noise(v: np.ndarray, s: int) -> np.ndarray:
     return (norm[..., 0] / s) ** 2 * np.sum(f * (1 - f), axis=-1)
 
 
+@pytest.mark.slow
 def test_qlsd_star_compressed_stationarity_identity():
     """(1 - (1 - gamma N)^2) E||theta - mu||^2 = 2 gamma d + gamma^2 E sum_i noise_i(theta),
     with client i compressing v_i = N_i (theta - theta*) with s = 1 level."""
@@ -86,6 +87,7 @@ def test_qlsd_star_compressed_stationarity_identity():
     assert 0.5 * GAMMA**2 * noise.mean() > 2 * h.Z * se
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", ["qlsd_sharp", "qlsd_pp_memory", "qlsd_pp_no_memory"])
 def test_compressed_samplers_are_unbiased_and_noisier_than_ula(make):
     q = quantization(4)
@@ -102,6 +104,7 @@ def test_compressed_samplers_are_unbiased_and_noisier_than_ula(make):
     assert np.all(m >= floor - h.Z * se), f"{make}: variance {m} below the uncompressed chain's {floor}"
 
 
+@pytest.mark.slow
 def test_memory_reduces_compression_noise():
     """QLSD++'s point: with memory terms the compressed quantity g_i - eta_i shrinks, so the
     chain is closer to the uncompressed one than without memory (Vono et al., Sec. 3.3)."""
@@ -159,6 +162,7 @@ def s45_lsd_pp_law(data, gamma, p, rate):
     return np.array(out_mean), np.array(out_var)
 
 
+@pytest.mark.slow
 def test_s45_memory_with_its_default_rate_is_stable_and_has_the_exact_law_at_p_one_quarter():
     """Eq. S45's memory update at p = 1/4 on the heterogeneous Gaussian: with the old default rate
     alpha / p_i = 4 (alpha = 1 / (omega + 1) = 1) the memory error is multiplied by -3 on each active

@@ -43,6 +43,7 @@ def test_decayed_rounds_sum_the_squared_step_ratios(per_round):
                                    ratios[start:stop].sum(), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_transient_law_with_the_dynamic_step_matches_the_exact_recursion():
     """Algorithm 3's clock, K = 8, T = 3 trajectories a round, t_1 = 6 trajectories: rounds 1-2 at
     eta, 3-6 at eta / sqrt(2), 7-14 at eta / 2; three heterogeneous clients, noisy gradients."""

@@ -144,6 +144,7 @@ def test_measured_minibatch_noise_keeps_lsd_star_within_the_target_and_the_paper
     assert steps.noise_weights("fa-ld", setting) is None
 
 
+@pytest.mark.slow
 def test_dg_sgld_s_expected_ess_is_its_measured_ess():
     """DG-SGLD at its automatic step and tolerance on a Gaussian (every direction of curvature
     435), 4 chains of 18,000 rounds: the bulk ESS of every coordinate is the step record's

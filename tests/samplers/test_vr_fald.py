@@ -113,6 +113,7 @@ def test_stationary_law_matches_the_exact_recursion(name):
     h.check_gaussian(res.samples, np.full(DIM, law.mean[0]), law.var[0], name)
 
 
+@pytest.mark.slow
 def test_fa_ld_is_biased_by_the_heterogeneity_and_vr_fald_star_is_not():
     """20 local steps of eta = 0.3: FA-LD's stationary mean is 0.034 (0.033 sd) below the
     posterior mean; the samples reject the posterior mean for FA-LD and accept it for VR-FALD*,
