@@ -43,6 +43,9 @@ def test_tutorial_commands_run_as_written(tmp_path):
     for command in steps:
         proc = run(command, tmp_path)
         assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
+        if command.startswith("fedmcmc flower deploy"):  # its progress, its estimate and run's warnings
+            assert "rounds take about" in proc.stderr and "round 4/4," in proc.stderr, proc.stderr
+            assert "fedmcmc: warning: R-hat > " in proc.stderr, proc.stderr
     summary = json.loads((tmp_path / "runs/sim/summary.json").read_text())
     assert summary["warnings"] == []  # R-hat <= 1.01 and bulk ESS >= 400 for every parameter
     assert len(summary["predictive"]["clients"]) == 3 and summary["predictive"]["overall"]["accuracy"] > 0.9

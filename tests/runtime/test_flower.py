@@ -151,6 +151,7 @@ def test_wire_rejects_malformed_uploads():
             decode_upload(codecs, blobs, like, 1e8)
 
 
+@pytest.mark.slow
 def test_faults_failed_and_malformed_clients_are_inactive_and_never_applied(tmp_path, caplog):
     """Client 1's round-1 upload is garbage, client 0 is down in rounds 2 and 3 and restarts for
     round 4 from its own saved state (its Context.state lost), client 2 sends NaN in round 3:
@@ -207,6 +208,7 @@ PLAIN = QLSD_PP.replace("compression = { bits = 4 }\n", "").replace(
     "participation = { p = 0.7, scaling = \"inverse_probability\" }\n", "")
 
 
+@pytest.mark.slow
 def test_an_upload_far_above_the_runs_own_norms_is_rejected_by_default(tmp_path):
     """``max_upload_norm = "auto"``: client 1's upload of norm 1e7 in round 3 (below the fixed 1e8
     that bounded uploads before) is rejected; every honest upload is applied."""
@@ -244,6 +246,30 @@ def test_replayed_and_copied_uploads_are_counted(tmp_path):
     server.run(LocalTransport(PLAIN, 3, config.from_text, faults))
     assert server.stats["replayed_uploads"] == 2 and server.stats["copied_uploads"] == 2
     assert server.stats["rejected_uploads"] == 0
+    # the progress a launcher shows: the server's record after its last round
+    record = json.loads((tmp_path / "progress.json").read_text())
+    rounds = server.stats["round_seconds"]
+    assert record["done"] == record["total"] == server.N == len(rounds) and record["remaining_seconds"] == 0
+    assert record["seconds_per_round"] == float(np.median(rounds[1:][-20:]))
+
+
+def test_a_deployments_progress_says_the_time_the_configured_rounds_take_and_the_time_left():
+    from fedmcmc.app.flower.launch import Progress, duration
+
+    lines = []
+    show = Progress(lines.append, every=0)
+    show({"done": 1, "total": 250_000, "seconds_per_round": 9.0, "remaining_seconds": 9.0 * 249_999})
+    show({"done": 2, "total": 250_000, "seconds_per_round": 4.9, "remaining_seconds": 4.9 * 249_998})
+    show({"done": 3, "total": 250_000, "seconds_per_round": 4.9, "remaining_seconds": 4.9 * 249_997})
+    assert lines[1] == "fedmcmc: at the measured 4.9 s per round, the configured 250,000 rounds take about 14 days"
+    assert lines[2] == "fedmcmc: round 2/250,000, 4.9 s per round, about 14 days left"
+    assert len(lines) == 4 and lines[0].startswith("fedmcmc: round 1/250,000")  # the estimate once, from round 2
+    assert [duration(s) for s in (42, 210, 7560, 1.2e6)] == ["42 s", "3.5 min", "2.1 h", "14 days"]
+    quiet = []
+    show = Progress(quiet.append)  # a line at most every 10 s, and the last round's
+    for done in range(1, 6):
+        show({"done": done, "total": 5, "seconds_per_round": 4.9, "remaining_seconds": 4.9 * (5 - done)})
+    assert len(quiet) == 3 and quiet[-1] == "fedmcmc: round 5/5, 4.9 s per round, about 0 s left", quiet
 
 
 @pytest.mark.slow
@@ -270,6 +296,7 @@ def test_server_resumes_after_a_restart_with_the_same_samples(tmp_path):
     np.testing.assert_array_equal(res.samples, reference(QLSD_PP, started=False).samples)
 
 
+@pytest.mark.slow
 def test_no_raw_data_leaves_a_client(tmp_path):
     """Every reply of every client is inspected: only uploads of the sampler's size, and no
     data point's bytes (nor the data set's) appear in any of them."""
@@ -350,6 +377,7 @@ def server_identity(monkeypatch):
     jax.config.update("jax_compilation_cache_dir", cache)
 
 
+@pytest.mark.slow
 def test_round_messages_are_flower_train_messages_with_array_records_and_mods_wrap_the_client(tmp_path,
                                                                                             server_identity):
     """Uploads travel in an ArrayRecord of train messages, so Flower mods see them: a mod that

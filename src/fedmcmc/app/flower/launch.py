@@ -88,16 +88,18 @@ def data_paths(text: str, base_dir) -> dict[int, dict]:
     return {i: {"data-path": str((Path(base_dir) / f).absolute())} for i, f in enumerate(files)}
 
 
-def run_sim(config_path, out, clients: int | None = None, resume: bool = False, overwrite: bool = False) -> dict:
+def run_sim(config_path, out, clients: int | None = None, resume: bool = False, overwrite: bool = False,
+            echo=None) -> dict:
     """Run on Flower's simulation engine (``flwr run`` on a local SuperLink started with
     ``--simulation``, one virtual SuperNode per client); returns the ``results.json`` payload.
     The engine gives its virtual nodes no node config of ours: node i of a ``[data]`` run reads
-    client i of the config's ``[data]`` (paths from the config's folder, the run config's ``data-dir``)."""
+    client i of the config's ``[data]`` (paths from the config's folder, the run config's ``data-dir``).
+    ``echo``: as :func:`run_deploy`."""
     text, out = prepare_config(config_path, clients), _claimed(out, resume, overwrite)
     cfg_path = out / "run.toml"
     cfg_path.write_text(text)
     with LocalDeployment(num_clients(text), out / "simulation", simulation=True) as dep:
-        return dep.run(cfg_path, out, resume=resume, data_dir=Path(config_path).parent)
+        return _watched(dep, cfg_path, out, resume, Path(config_path).parent, echo)
 
 
 def _claimed(out, resume: bool, overwrite: bool) -> Path:
@@ -239,9 +241,10 @@ class LocalDeployment:
         """The latest process of SuperNode ``i``."""
         return self.nodes[i]
 
-    def run(self, cfg_path, out, resume: bool = False, timeout: float = 1800.0, data_dir=None) -> dict:
-        """Submit the app with ``flwr run`` and wait for ``out/results.json``."""
-        return self.wait(self.submit(cfg_path, out, resume, data_dir), timeout)
+    def run(self, cfg_path, out, resume: bool = False, timeout: float = 1800.0, data_dir=None,
+            progress=None) -> dict:
+        """Submit the app with ``flwr run`` and wait for ``out/results.json`` (``progress``: :meth:`wait`)."""
+        return self.wait(self.submit(cfg_path, out, resume, data_dir), timeout, progress)
 
     def submit(self, cfg_path, out, resume: bool = False, data_dir=None) -> Path:
         """Submit the run of the config file ``cfg_path`` (its text travels in the run config;
@@ -249,7 +252,9 @@ class LocalDeployment:
         out = Path(out).absolute()
         out.mkdir(parents=True, exist_ok=True)
         result = out / "results.json"
-        for old in (result, out / "flower-error.txt", out / "flower-done.txt"):
+        from fedmcmc.runtime.messaging.server import PROGRESS
+
+        for old in (result, out / "flower-error.txt", out / "flower-done.txt", out / PROGRESS):
             if old.exists():
                 old.unlink()
         engine = "simulation" if self.simulation else "deployment"
@@ -268,13 +273,20 @@ class LocalDeployment:
         if done.returncode:
             raise RuntimeError(f"flwr run failed: {done.stdout[-2000:]} {done.stderr[-2000:]}")
 
-    def wait(self, result: Path, timeout: float = 1800.0) -> dict:
-        """Wait for the ServerApp to finish the run (``flower-done.txt``); its ``results.json``."""
+    def wait(self, result: Path, timeout: float = 1800.0, progress=None) -> dict:
+        """Wait for the ServerApp to finish the run (``flower-done.txt``); its ``results.json``.
+        ``progress(record)`` is called with each new record of the server's ``progress.json``
+        (:func:`fedmcmc.runtime.messaging.server.write_progress`)."""
         import time
+
+        from fedmcmc.runtime.messaging.server import PROGRESS
 
         deadline = time.monotonic() + timeout
         error, done = result.with_name("flower-error.txt"), result.with_name("flower-done.txt")
+        seen = None
         while not done.exists():
+            if progress is not None:
+                seen = _new_progress(result.with_name(PROGRESS), seen, progress)
             if error.exists():
                 raise RuntimeError(f"the ServerApp failed: {error.read_text().strip()}")
             if time.monotonic() > deadline:
@@ -361,12 +373,89 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def run_deploy(config_path, out, clients: int | None = None, resume: bool = False, overwrite: bool = False) -> dict:
+def run_deploy(config_path, out, clients: int | None = None, resume: bool = False, overwrite: bool = False,
+               echo=None) -> dict:
     """Run on a local deployment (SuperLink + one SuperNode per client on 127.0.0.1); with
-    ``[data] files = [...]``, SuperNode i reads file i from its node config (``data-path``)."""
+    ``[data] files = [...]``, SuperNode i reads file i from its node config (``data-path``).
+
+    ``echo(line)`` (default: standard error) gets the run's progress (:class:`Progress`) and, at
+    the end, the warnings that ``fedmcmc run`` prints (the ServerApp's own go to its log)."""
     text, out = prepare_config(config_path, clients), _claimed(out, resume, overwrite)
     cfg_path = out / "run.toml"
     cfg_path.write_text(text)
     folder = Path(config_path).parent
     with LocalDeployment(num_clients(text), out / "deployment", node_config=data_paths(text, folder)) as dep:
-        return dep.run(cfg_path, out, resume=resume, data_dir=folder)
+        return _watched(dep, cfg_path, out, resume, folder, echo)
+
+
+def _watched(dep, cfg_path, out, resume, folder, echo) -> dict:
+    """``dep.run``, its progress and then its warnings to ``echo`` (default: standard error)."""
+    echo = echo or _stderr
+    payload = dep.run(cfg_path, out, resume=resume, data_dir=folder, progress=Progress(echo))
+    for line in warnings(out, payload):
+        echo(f"fedmcmc: warning: {line}")
+    return payload
+
+
+def warnings(out: Path, payload: dict) -> list[str]:
+    """The warnings that ``fedmcmc run`` prints, of the run finished in ``out`` (``payload``: its
+    ``results.json``): the convergence diagnostics' (``summary.json``) and a failed posterior check's."""
+    from fedmcmc.app import posterior
+
+    path = Path(out) / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    checked = payload.get("posterior_check") or {}
+    flagged = posterior.message(checked) if "flagged" in checked else None  # as config.report
+    return list(summary.get("warnings", [])) + ([flagged] if flagged else [])
+
+
+class Progress:
+    """Prints a deployment's progress from the server's ``progress.json`` records: once the
+    rounds after the first (which compiles) are timed, how long the configured rounds take at that
+    latency; then the rounds done and the time left, at most every ``every`` seconds and at the end."""
+
+    def __init__(self, echo, every: float = 10.0):
+        import time
+
+        self.echo, self.every, self.clock = echo, every, time.monotonic
+        self.estimated, self.last = False, -float("inf")
+
+    def __call__(self, record: dict) -> None:
+        done, total, per = record["done"], record["total"], record["seconds_per_round"]
+        if per is None:
+            return
+        if not self.estimated and (done >= 2 or done == total):
+            self.estimated = True
+            self.echo(f"fedmcmc: at the measured {per:.3g} s per round, the configured {total:,} rounds take about "
+                      f"{duration(per * total)}")
+        if self.clock() - self.last < self.every and done < total:
+            return
+        self.last = self.clock()
+        self.echo(f"fedmcmc: round {done:,}/{total:,}, {per:.3g} s per round, about "
+                  f"{duration(record['remaining_seconds'])} left")
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3.5 min``, ``2.1 h``, ``14 days``."""
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.2g} {unit}" if seconds < 10 * size else f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _new_progress(path: Path, seen, progress):
+    """Call ``progress`` with ``path``'s record if it is new; the record last seen."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):  # not written yet, or being replaced
+        return seen
+    if record != seen:
+        progress(record)
+    return record
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

@@ -43,6 +43,7 @@ dropped out) and hands it to the same ``server_step``, so the samples are the pl
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections import deque
@@ -180,7 +181,11 @@ class ServerRuntime:
         return replies
 
     def run(self, transport: Transport, progress: bool = False):
-        """Run (or resume) the rounds; returns the :class:`~fedmcmc.SimulationResult`."""
+        """Run (or resume) the rounds; returns the :class:`~fedmcmc.SimulationResult`.
+
+        After every round the server rewrites ``out_dir/progress.json`` (:func:`write_progress`):
+        the rounds done and configured and the measured seconds per round, which a launcher reads
+        to show progress and the time left. With ``progress`` it also logs a line per chunk."""
         run_id = identity.identity(self.cfg, runtime="flower", chunk_size=self.chunk)
         chunk_dir = self.out_dir / "chunks"
         state_path = chunk_dir / "state.npz"
@@ -231,6 +236,7 @@ class ServerRuntime:
                 t0 = time.perf_counter()
                 server_state, broadcast, accepted, counts = self._round(transport, k, server_state, broadcast, accepted)
                 self.stats["round_seconds"].append(time.perf_counter() - t0)
+                write_progress(self.out_dir / PROGRESS, k + 1, self.N, self.stats["round_seconds"])
                 window += counts
                 if (t + 1) % self.thinning == 0:
                     pos = np.asarray(server_state.draws if self.sampler.draws_per_round > 1
@@ -477,6 +483,24 @@ class ServerRuntime:
             for n, (c, u) in enumerate(pairs):
                 revealed.setdefault(c, {})[(j, u)] = seeds[n * secagg.KEY_BYTES:(n + 1) * secagg.KEY_BYTES]
         return own, revealed
+
+
+#: The file a running server rewrites after every round (:func:`write_progress`).
+PROGRESS = "progress.json"
+
+
+def write_progress(path: Path, done: int, total: int, seconds: list[float]) -> None:
+    """Write ``{"done", "total", "seconds_per_round", "remaining_seconds"}`` to ``path``, atomically.
+
+    The seconds per round are the median of this session's last 20 rounds after its first (which
+    compiles the programs), or of the first alone; ``None`` before any round."""
+    recent = seconds[1:][-20:] or seconds[:1]
+    per = float(np.median(recent)) if recent else None
+    record = {"done": int(done), "total": int(total), "seconds_per_round": per,
+              "remaining_seconds": None if per is None else per * (total - done)}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    tmp.replace(path)
 
 
 class LocalTransport:
