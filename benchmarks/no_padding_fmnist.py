@@ -1,5 +1,5 @@
-"""QLSD++ on Fashion-MNIST split over 1,000 clients by Dirichlet(0.1): memory and rate (target 3 of
-docs/benchmarks.md, "No padding tax").
+"""QLSD++ on Fashion-MNIST split over 1,000 clients by Dirichlet(0.1): memory and rate
+(docs/design.md, "Packed buckets").
 
 ``python benchmarks/no_padding_fmnist.py [ROUNDS]``. The 60,000 training images (28x28 in [0, 1])
 go to 1,000 clients by Hsu et al.'s per-class Dirichlet(0.1) proportions, after one random image

@@ -502,6 +502,129 @@ def _auto_step(records: dict) -> list[str]:
     return _md_spaced(("sampler", *problems), rows)
 
 
+# --- benchmarks (docs/benchmarks.md, from `fedmcmc bench --flower`'s bench.json) ----------------
+
+BENCH = "docs/figures/bench.json"
+
+
+def _rate(x: float) -> str:
+    return comma(x) if x >= 100 else f"{x:.1f}"
+
+
+def _met(measured: float, target: float, at_most: bool) -> str:
+    return "yes" if (measured <= target if at_most else measured >= target) else "no"
+
+
+@_table("bench_targets", BENCH)
+def _bench_targets(b: dict) -> list[str]:
+    rows = [("toy bench", "`speedup_vs_numpy`", f">= {b['speedup_vs_numpy_target']:g}",
+             f"{b['speedup_vs_numpy']:.1f}", _met(b["speedup_vs_numpy"], b["speedup_vs_numpy_target"], False))]
+    pad = b["no_padding_tax"]
+    rows.append(("no padding tax", "`no_padding_tax.padding_overhead_full_batch`", f"<= {pad['target']:g}",
+                 f"{pad['padding_overhead_full_batch']:.2f}", _met(pad["padding_overhead_full_batch"], pad["target"], True)))
+    scale = b["chains_scale"]
+    least, target = scale["least_gain"], float(scale["target"].split(">=")[1].split()[0])
+    rows.append(("chains scale", "`chains_scale.least_gain.relative_to_reference`", f">= {target:g}",
+                 f"{least['relative_to_reference']:.2f} ({least['sampler']})",
+                 _met(least["relative_to_reference"], target, False)))
+    for model, r in b["federation_overhead_large"].items():
+        rows.append((f"large model ({model})", f"`federation_overhead_large.{model}.ratio`", f"<= {r['target']:g}",
+                     f"{r['ratio']:.2f}", _met(r["ratio"], r["target"], True)))
+    for key, label in (("flower_round_ratio", "deployment round below Flower's floor"),
+                       ("flower_client_process_ratio", "lean client process")):
+        if key in b:
+            rows.append((label, f"`{key}`", f"<= {b[key + '_target']:g}", f"{b[key]:.2f}",
+                         _met(b[key], b[key + "_target"], True)))
+    dev = b["devices"]
+    if dev["spread_speedup"] is not None:
+        rows.append(("accelerators", "`devices.spread_speedup`", f">= {dev['spread_speedup_target']}",
+                     f"{dev['spread_speedup']:.2f}", _met(dev["spread_speedup"], dev["spread_speedup_target"], False)))
+    return _md(("target", "ratio in bench.json", "target", "measured", "met"), rows)
+
+
+@_table("bench_rates", BENCH)
+def _bench_rates(b: dict) -> list[str]:
+    q = b["qlsd_star_chain_iterations_per_second"]
+    s = b["settings"]
+    rows = [(f"QLSD*, {s['chains']} chains on {b['workers']} worker processes", "chain-iterations / s",
+             _rate(q["ours_30_chains"])),
+            (f"QLSD*, {s['chains']} chains in one process", "chain-iterations / s", _rate(q["ours_30_chains_one_process"])),
+            ("QLSD*, 1 chain", "chain-iterations / s", _rate(q["ours_1_chain"])),
+            ("NumPy reference, 1 chain", "chain-iterations / s", _rate(q["numpy_reference_1_chain"])),
+            ("`speedup_vs_numpy_one_process`", "ratio", f"{b['speedup_vs_numpy_one_process']:.1f}"),
+            ("`federation_overhead`", "ratio", f"{b['federation_overhead']:.2f}"),
+            ("`fa_hmc_overhead`", "ratio", f"{b['fa_hmc_overhead']:.2f}"),
+            ("`dsgld_overhead`", "ratio", f"{b['dsgld_overhead']:.2f}"),
+            ("`dsgld_sparse_speedup`", "ratio", f"{b['dsgld_sparse_speedup']:.1f}")]
+    return _md(("measurement", "unit", "value"), rows)
+
+
+@_table("bench_chains", BENCH)
+def _bench_chains(b: dict) -> list[str]:
+    scale = b["chains_scale"]
+    chains = scale["settings"]["chains"]
+    rows = [(name + (" (reference)" if name == scale["reference"] else ""), _rate(r["1_chains"]),
+             _rate(r[f"{chains}_chains"]), f"{r['gain']:.2f}", f"{r['gain'] / scale['reference_gain']:.2f}")
+            for name, r in scale["chain_iterations_per_second"].items()]
+    return _md(("sampler", "1 chain (chain-iterations / s)", f"{chains} chains", "gain",
+                "gain over the reference's"), rows)
+
+
+@_table("bench_large", BENCH)
+def _bench_large(b: dict) -> list[str]:
+    rows = [(f"{r['settings']['model']} (d = {comma(r['settings']['dim'])})",
+             f"{1e3 * r['qlsd_pp_seconds_per_round']:.1f}", f"{1e3 * r['gradients_alone_seconds_per_round']:.1f}",
+             f"{r['ratio']:.2f}") for r in b["federation_overhead_large"].values()]
+    return _md(("model", "QLSD++ ms a round", "gradients alone ms a round", "ratio"), rows)
+
+
+@_table("bench_secure_aggregation", BENCH)
+def _bench_secure_aggregation(b: dict) -> list[str]:
+    r = b["secure_aggregation"]
+    up, p = r["upload_bits_per_client_round"], r["protocol_seconds_per_round"]
+    rows = [("upload bits per client and round", comma(up["plain"]), comma(up["secure"]), comma(up["secure_dropout"])),
+            ("round time over plain", "1", f"{r['round_time_ratio_secure_over_plain']:.2f}",
+             f"{r['round_time_ratio_secure_dropout_over_plain']:.2f}"),
+            ("masking, all clients / unmasking (ms)", "",
+             f"{1e3 * p['clients_masking']:.2f} / {1e3 * p['server_unmasking']:.3f}",
+             f"{1e3 * p['clients_masking']:.2f} / {1e3 * p['server_unmasking_one_dropout']:.3f}")]
+    if "flower_secagg_round_ratio" in b:
+        rows.append(("deployment round over plain (`flower_secagg_round_ratio`)", "1",
+                     f"{b['flower_secagg_round_ratio']:.2f}", ""))
+    return _md(("", "plain", "secure", "secure, a dropout every round"), rows)
+
+
+#: The deployment table's rows: bench.json's ``flower`` keys and their labels.
+BENCH_DEPLOYMENT = {"qlsd++": "our QLSD++ (node workers)", "fa-hmc": "our FA-HMC (node workers)",
+                    "qlsd++_with_hold": "our QLSD++ with holds", "qlsd++_without_node_worker":
+                    "our QLSD++ without node workers", "echo_default_loop": "echo, Flower's default loop",
+                    "echo_importing_jax": "echo importing JAX"}
+
+
+@_table("bench_deployment", BENCH)
+def _bench_deployment(b: dict) -> list[str]:
+    f = b["flower"]
+    rows = [(label, f"{f[k]['median_round_seconds']:.2f}", f"{f[k]['median_client_process_seconds']:.2f}")
+            for k, label in BENCH_DEPLOYMENT.items()]
+    return _md((f"{f['settings']['rounds']} rounds a run, {f['settings']['supernodes']} SuperNodes",
+                "median round (s)", "median client process (s)"), rows)
+
+
+@_table("bench_devices", BENCH)
+def _bench_devices(b: dict) -> list[str]:
+    dev = b["devices"]
+    many = next(k for k in dev if k.startswith("qlsd_star_") and k.endswith("_chain_iterations_per_second"))
+
+    def value(x):
+        return "not measured (one device)" if x is None else x if isinstance(x, (bool, str)) else _rate(x)
+    rows = [("device (`platform`, `device_kind`, `count`)", f"{dev['platform']}, {dev['device_kind']}, {dev['count']}"),
+            (f"QLSD*, {dev['settings']['many_chains']:,} chains, chain-iterations / s",
+             "not measured (CPU)" if dev["platform"] == "cpu" else value(dev[many])),
+            ("`spread_speedup` (target: the device count)", value(dev["spread_speedup"])),
+            ("`spread_draws_identical`", value(dev["spread_draws_identical"]))]
+    return _md(("measurement", "value"), rows)
+
+
 # --- pages ----------------------------------------------------------------------------------
 
 def _load(root: Path, source: str):

@@ -21,10 +21,10 @@ from fedmcmc.core.base import ClientData, Rows
 #: What one more bucket costs, in rows read by a full-batch round: 16 rows for its gradient
 #: kernels at run time (measured on the toy problem) plus 48 for compiling them, about 0.15 s
 #: per gradient in a program, paid back by 48 rows over about 10^5 chain-rounds of the toy
-#: problem (docs/benchmarks.md, "No padding tax").
+#: problem (docs/design.md, "Packed buckets").
 BUCKET_ROWS = 64
 #: At most this many buckets: each is one more gradient in every compiled program (6 keep the
-#: toy problem at 1.06 rows a point; docs/benchmarks.md, "No padding tax").
+#: toy problem at 1.06 rows a point; docs/design.md, "Packed buckets").
 MAX_BUCKETS = 6
 
 

@@ -8,7 +8,7 @@ Minibatches are drawn without replacement, ``n_i = min(batch_size_i, N_i)`` of t
 ``N_i`` points, with fixed shapes so that clients and chains vectorise. By Floyd's algorithm
 (``n_i`` uniforms rather than ``N_i`` sort keys) unless ``k^2 > TOP_K_RATIO n_max`` for a
 batch of ``k`` rows out of ``n_max``; then by the ``k`` largest of ``n_max`` uniform keys
-(``lax.top_k``). Floyd's collision work grows as ``k^2``, top-k's as ``n_max``; docs/benchmarks.md,
+(``lax.top_k``). Floyd's collision work grows as ``k^2``, top-k's as ``n_max``; docs/design.md,
 "Minibatch draws", has the measured break-even. The rule stays as it is, since another rule
 would draw other subsets for the same keys.
 
@@ -277,7 +277,7 @@ def minibatch(key, client_data: ClientData, batch_sizes: np.ndarray, width: int 
 #: chain-rounds (30 chains of 33,000 rounds; QLSD's toy runs are 500,000 rounds a chain):
 #: ``MINIBATCH_COMPILE_ROWS / d``. Measured on the toy problem (QLSD*, d = 50): a bucket took
 #: about 1.1 CPU-s to compile, and a minibatch row about 1.2 ns of CPU a dimension and
-#: chain-round (docs/benchmarks.md, "Minibatch buckets").
+#: chain-round (docs/design.md, "Minibatch buckets").
 MINIBATCH_BUCKET_ROWS = 4
 MINIBATCH_COMPILE_ROWS = 900
 
@@ -317,7 +317,7 @@ def on_minibatch(batch_sizes: np.ndarray, estimate: Callable, dim: int):
     :data:`fedmcmc.core.base.CLIENT_AXES`: the simulator's round, each client once; a Flower
     node's exact mode, ``b`` copies of its client) the clients are cut into buckets of similar
     batch size (:func:`minibatch_buckets`), each drawing its largest client's rows: the
-    work of ``sum_k m_k w_k`` rows, not ``b k`` (docs/benchmarks.md, "Minibatch buckets"). Each client's subset and weights are the ones
+    work of ``sum_k m_k w_k`` rows, not ``b k`` (docs/design.md, "Minibatch buckets"). Each client's subset and weights are the ones
     it draws alone (a bucket's draw is a prefix of the full one, :func:`minibatch`); a sum over
     fewer rows may round differently in the last bit. Entries with the same index must carry
     the same inputs. Under any other ``vmap`` (some of the clients) every client draws ``k`` rows.

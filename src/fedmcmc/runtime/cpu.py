@@ -34,7 +34,7 @@ def one_thread_xla() -> bool:
     process pinned to one core with two such threads ran the toy QLSD* 1.55 times slower than
     with one: the second thread spins beside the first, on the same core. In a process on two
     cores the second thread runs some kernels beside the first: 18% faster on the toy (and 8%
-    at 1.6 times the CPU on two smaller programs; docs/benchmarks.md, "XLA on one thread").
+    at 1.6 times the CPU on two smaller programs; docs/design.md, "XLA on one thread").
     Started with one thread, every process compiles the same programs whatever its machine's
     core count, so its draws do not depend on it (docs/design.md).
 

@@ -155,7 +155,7 @@ def run(out: Path, quick: bool = False, flower: bool = False) -> dict:
         "chains_scale": chain_scaling(0.25 if quick else 1.0),
         "federation_overhead_large": large.run(quick),
         "secure_aggregation": secure_aggregation.run(Path(out) / "secagg", quick),
-        "no_padding_tax": padding_overhead(iterations=iters, repeats=5 if quick else 7),  # target 3 of docs/benchmarks.md
+        "no_padding_tax": padding_overhead(iterations=iters, repeats=5 if quick else 7),  # docs/benchmarks.md, "No padding tax"
         "settings": {"clients": data.num_clients, "dim": model.dim, "levels": LEVELS, "batch": batch.tolist(),
                      "iterations": iters, "numpy_iterations": numpy_iters, "chains": 30},
     }
