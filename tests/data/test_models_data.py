@@ -58,19 +58,29 @@ def test_expected_norm_matches_monte_carlo():
     assert abs(draws.mean() - post.expected_norm()) < 5 * se
 
 
-def test_find_mode_recovers_the_posterior_mode_and_the_server_constant():
-    data = heterogeneous_gaussian(num_clients=5, dim=4)
+@pytest.mark.parametrize("dim", [4, gradients.FULL_HESSIAN_DIM + 50])
+def test_find_mode_recovers_the_posterior_mode_and_the_server_constant(dim):
+    """Newton's rounds up to FULL_HESSIAN_DIM parameters, L-BFGS's beyond: the exact posterior mean
+    of the Gaussian model, the server's constant sum_i grad U_i(theta*) and the clients' gradients
+    at theta*, and the rounds' bits as the docstring counts them."""
+    data = heterogeneous_gaussian(num_clients=5, dim=dim)
     for prior in (None, 0.3):
-        model = gaussian_mean(4, prior_scale=prior)
+        model = gaussian_mean(dim, prior_scale=prior)
         mode = gradients.find_mode(model, data)
         exact = gaussian_mean_posterior(data, prior_scale=prior)
         np.testing.assert_allclose(mode.theta, exact.mean, atol=1e-4)
         # at the mode sum_i grad U_i = grad log prior
-        prior_grad = np.zeros(4) if prior is None else -np.asarray(mode.theta) / prior**2
+        prior_grad = np.zeros(dim) if prior is None else -np.asarray(mode.theta) / prior**2
         residual = np.linalg.norm(np.asarray(mode.client_grad_sum) - prior_grad)
         assert residual == pytest.approx(mode.gradient_norm, rel=1e-3, abs=1e-4)
-        assert mode.gradient_norm <= 1e-3 * data.total  # BFGS stops at 1e-4 on U / N
-        assert mode.rounds > 0 and mode.bits == 2 * mode.rounds * 5 * 32 * 4
+        assert mode.gradient_norm <= 1e-3 * data.total
+        np.testing.assert_array_equal(np.sum(np.asarray(mode.client_grads, np.float64), 0).astype(np.float32),
+                                      mode.client_grad_sum)
+        newton, values = 5 * 32 * (1 + 2 * dim + dim * (dim + 1) // 2), 5 * 32 * (1 + dim)
+        if dim <= gradients.FULL_HESSIAN_DIM:  # a Gaussian's Newton step is exact: a step, a check, a trial
+            assert mode.rounds <= 4 and values * mode.rounds <= mode.bits <= newton * mode.rounds
+        else:
+            assert mode.rounds > 0 and mode.bits == mode.rounds * 5 * 32 * (1 + 2 * dim)
 
 
 def test_subset_indices_are_uniform_subsets():

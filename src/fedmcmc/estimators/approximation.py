@@ -1,7 +1,7 @@
 """The Laplace approximation of the posterior at the federated mode, as federated rounds.
 
 With ``U(theta) = -log prior(theta) - sum_c sum_j log p(x_cj | theta)`` and its mode ``theta*``
-(:func:`fedmcmc.estimators.gradients.find_mode`, federated BFGS), the Laplace approximation is
+(:func:`fedmcmc.estimators.gradients.find_mode`, federated Newton or L-BFGS), the Laplace approximation is
 
     pi(theta) ~ N(theta*, H^{-1}),      H = nabla^2 U(theta*) = H_0 + sum_c H_c,
 
@@ -30,8 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.core.base import Model
-from fedmcmc.data.federated import FederatedData
-from fedmcmc.estimators.gradients import FULL_HESSIAN_DIM, ModeResult, potential
+from fedmcmc.estimators.gradients import FULL_HESSIAN_DIM, ModeResult, _summed
 
 #: Up to this many parameters the approximation has a full covariance; beyond, a diagonal one.
 FULL_DIM = FULL_HESSIAN_DIM
@@ -67,20 +66,22 @@ class NotPositiveDefinite(ValueError):
     """The Hessian of the potential at the mode is not positive definite (no Laplace approximation)."""
 
 
-def laplace_approximation(model: Model, data: FederatedData, mode: ModeResult, full_dim: int = FULL_DIM) -> Laplace:
+def laplace_approximation(model: Model, data, mode: ModeResult, full_dim: int = FULL_DIM) -> Laplace:
     """The Laplace approximation at ``mode`` (module docstring), full up to ``full_dim`` parameters.
 
     Raises :class:`NotPositiveDefinite` (a one-line ValueError) when ``H`` is not finite and
     positive definite there: the potential is flat or concave in some direction at the point
     found, which is then not a mode (an improper posterior, or a search that stopped early).
     """
-    d, b = int(model.dim), data.num_clients
-    theta = jnp.asarray(mode.theta, jnp.float32)
-    u = potential(model, jax.tree_util.tree_map(jnp.asarray, data.rows()))
+    from fedmcmc.estimators.federation import federation
 
+    fed = federation(model, data)
+    d, b = int(model.dim), fed.num_clients
+    theta = np.asarray(mode.theta, np.float32)
     full = d <= full_dim
     if full:
-        h = np.asarray(jax.jit(jax.hessian(u))(theta), np.float64)
+        prior = np.asarray(jax.jit(jax.hessian(model.log_prior))(theta), np.float64)
+        h = _summed(fed.ask("hessian", theta), -prior)
         h = 0.5 * (h + h.T)
         eig = np.linalg.eigvalsh(h) if np.all(np.isfinite(h)) else np.array([np.nan])
         if not np.all(np.isfinite(eig)) or eig.min() <= 0:
@@ -89,9 +90,9 @@ def laplace_approximation(model: Model, data: FederatedData, mode: ModeResult, f
         cov = np.linalg.inv(h)
         sd, upload = np.sqrt(np.diag(cov)), d * (d + 1) // 2
     else:
-        grad = jax.grad(u)
-        diag = jax.jit(lambda t: jax.vmap(lambda e: jnp.vdot(e, jax.jvp(grad, (t,), (e,))[1]))(jnp.eye(d)))
-        h = np.asarray(diag(theta), np.float64)
+        grad = jax.grad(model.log_prior)
+        prior = jax.jit(lambda t: jax.vmap(lambda e: jnp.vdot(e, jax.jvp(grad, (t,), (e,))[1]))(jnp.eye(d)))
+        h = _summed(fed.ask("hessian_diag", theta), -np.asarray(prior(theta), np.float64))
         if not np.all(np.isfinite(h)) or h.min() <= 0:
             raise NotPositiveDefinite("the potential's curvature at the mode is not positive in every coordinate: "
                                       "the point found is not a strict mode")

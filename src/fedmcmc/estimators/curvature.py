@@ -32,7 +32,7 @@ import numpy as np
 
 from fedmcmc.core.base import Model
 from fedmcmc.data.federated import FederatedData
-from fedmcmc.estimators.gradients import potential
+from fedmcmc.estimators.gradients import _summed
 
 
 class Curvature(NamedTuple):
@@ -61,15 +61,18 @@ class Curvature(NamedTuple):
     bits_down: int
 
 
-def federated_hvp(model: Model, data: FederatedData, theta) -> Callable:
-    """``v -> H v`` at ``theta``: the clients' ``H_c v`` summed (one pass over all clients' rows,
-    as the server's sum of their products), plus the prior's ``H_0 v``. One call is one round."""
-    theta = jnp.asarray(theta, jnp.float32)
-    grad_u = jax.grad(potential(model, jax.tree_util.tree_map(jnp.asarray, data.rows())))
+def federated_hvp(model: Model, data, theta) -> Callable:
+    """``v -> H v`` at ``theta``: the clients' ``H_c v`` (an ``hvp`` ask of ``data``, a
+    :class:`~fedmcmc.data.federated.FederatedData` or a :class:`~fedmcmc.estimators.federation.Federation`)
+    summed in client order, plus the prior's ``H_0 v``. One call is one round."""
+    from fedmcmc.estimators.federation import federation
 
-    @jax.jit
+    fed, theta = federation(model, data), np.asarray(theta, np.float32)
+    prior = jax.jit(lambda v: -jax.jvp(jax.grad(model.log_prior), (jnp.asarray(theta),), (v,))[1])
+
     def hvp(v):
-        return jax.jvp(grad_u, (theta,), (v,))[1]
+        v = np.asarray(v, np.float32)
+        return _summed(fed.ask("hvp", theta, v), prior(v))
 
     return hvp
 
@@ -157,36 +160,23 @@ class Heterogeneity(NamedTuple):
     bits_down: int
 
 
-def heterogeneity(model: Model, data: FederatedData, theta, shares) -> Heterogeneity:
-    """:class:`Heterogeneity` of ``data``'s clients at ``theta`` with shares ``shares`` (one per client).
+def heterogeneity(model: Model, data, theta, shares) -> Heterogeneity:
+    """:class:`Heterogeneity` of ``data``'s clients (a :class:`~fedmcmc.data.federated.FederatedData`
+    or a :class:`~fedmcmc.estimators.federation.Federation`) at ``theta`` with shares ``shares`` (one
+    per client).
 
-    Each client computes its ``g_c`` and ``A_c g_c`` (a Hessian-vector product) on its own rows;
-    the server sums. In the simulator the clients run one after the other, each a pass over the
-    packed rows with its own rows weighted 1.
+    Each client computes its ``g_c`` and ``A_c g_c`` (a Hessian-vector product) on its own rows
+    (a ``drift`` ask); the server sums.
     """
-    from fedmcmc.estimators.gradients import row_weights
+    from fedmcmc.estimators.federation import federation
 
-    rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
-    theta = jnp.asarray(theta, jnp.float32)
-
-    def local(t, weights, share):
-        ll = jax.vmap(model.log_likelihood, in_axes=(None, 0))(t, rows.x)
-        return -jnp.sum(weights * ll) / share - model.log_prior(t)
-
-    grad = jax.grad(local)
-
-    @jax.jit
-    def one(weights, share):
-        g = grad(theta, weights, share)
-        return g, jax.jvp(lambda t: grad(t, weights, share), (theta,), (g,))[1]
-
+    fed, theta, d = federation(model, data), np.asarray(theta, np.float32), int(model.dim)
     shares = np.asarray(shares, np.float64)
-    parts = [one(row_weights(rows, c), jnp.float32(shares[c])) for c in range(data.num_clients)]
-    g = np.stack([np.asarray(p[0], np.float64) for p in parts])
-    drift = float(np.linalg.norm(shares @ np.stack([np.asarray(p[1], np.float64) for p in parts])))
+    g, ag = (np.asarray(a, np.float64) for a in fed.ask("drift", theta, shares, np.ones(d, np.float32)))
+    drift = float(np.linalg.norm(shares @ ag))
     scaled = np.sqrt(shares)[:, None] * g
     small = scaled @ scaled.T if scaled.shape[0] <= scaled.shape[1] else scaled.T @ scaled
-    bits = data.num_clients * 32 * int(model.dim)
+    bits = fed.num_clients * 32 * d
     return Heterogeneity(drift, float(np.linalg.eigvalsh(small)[-1]), 1, 2 * bits, bits)
 
 
@@ -210,10 +200,6 @@ class MinibatchNoise(NamedTuple):
     bits_down: int
 
 
-#: Rows per chunk of the per-point Hessian-vector products of :func:`minibatch_noise`.
-CHUNK = 256
-
-
 def minibatch_noise(key, model: Model, data: FederatedData, theta, weights, covariance=None, max_rounds: int = 100,
                     tol: float = 1e-3) -> MinibatchNoise:
     """``lambda_max(sum_c c_c sum_{j in c} H_j S H_j)`` at ``theta`` by federated power iteration,
@@ -229,27 +215,18 @@ def minibatch_noise(key, model: Model, data: FederatedData, theta, weights, cova
 
     In a round the server broadcasts ``v``; client ``c`` returns ``c_c sum_j H_j S (H_j v)`` from
     two Hessian-vector products per point (``jax.jvp`` of ``jax.grad`` of one point's negative
-    log-likelihood), :data:`CHUNK` rows at a time; the server sums. The covariance's broadcast
+    log-likelihood), :data:`fedmcmc.estimators.federation.NOISE_CHUNK` rows at a time; the server sums. The covariance's broadcast
     (``32 d (d + 1) / 2`` bits to each client) is not counted here.
     """
-    rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
-    theta = jnp.asarray(theta, jnp.float32)
-    owner = jnp.asarray(rows.row_client)
-    row_w = jnp.where(owner >= 0, jnp.asarray(np.asarray(weights, np.float32))[jnp.maximum(owner, 0)], 0.0)
-    cov = None if covariance is None else jnp.asarray(covariance, jnp.float32)
+    from fedmcmc.estimators.federation import federation
 
-    def point_hvp(x, v):
-        return jax.jvp(jax.grad(lambda t: -model.log_likelihood(t, x)), (theta,), (v,))[1]
+    fed, theta, d = federation(model, data), np.asarray(theta, np.float32), int(model.dim)
+    cov = np.ones(d, np.float32) if covariance is None else np.asarray(covariance, np.float32)
+    weights = np.asarray(weights, np.float64)
 
-    @jax.jit
     def matvec(v):
-        def one(args):
-            x, w = args
-            hv = point_hvp(x, v)
-            return jnp.where(w > 0, w * point_hvp(x, hv if cov is None else cov @ hv), 0.0)
+        return weights @ np.asarray(fed.ask("noise", theta, v, cov), np.float64)
 
-        return jnp.sum(jax.lax.map(one, (rows.x, row_w), batch_size=CHUNK), axis=0)
-
-    top, rounds, converged = power_iteration(key, matvec, int(model.dim), int(max_rounds), tol)
-    bits = rounds * data.num_clients * 32 * int(model.dim)
+    top, rounds, converged = power_iteration(key, matvec, d, int(max_rounds), tol)
+    bits = rounds * fed.num_clients * 32 * d
     return MinibatchNoise(top, converged, rounds, bits, bits)

@@ -451,73 +451,72 @@ FULL_HESSIAN_DIM = 200
 NEWTON_TOL = 1e-8
 
 
-def find_mode(model: Model, data: FederatedData, theta0=None, max_rounds: int = 500,
-              tol: float = 1e-4) -> ModeResult:
-    """Find theta* by federated full-gradient BFGS and report its communication cost.
+def find_mode(model: Model, data, theta0=None, max_rounds: int = 500, tol: float = 1e-4) -> ModeResult:
+    """Find theta* by federated rounds and report their communication cost.
 
-    Each objective evaluation is one round in which every client returns its full local
-    gradient (uncompressed, 32 bits per coordinate) and the server broadcasts theta. One
-    compiled program: the search and the clients' sum at theta*. When BFGS stops short (its line
-    search fails in float32: a potential whose scales differ by many orders of magnitude, data in
-    their own units) and ``d <= FULL_HESSIAN_DIM``, Newton's steps finish the search from there
-    (:func:`_newton`): they are invariant to the parametrisation's scales and correlations.
+    ``data`` is a :class:`~fedmcmc.data.federated.FederatedData` or a
+    :class:`~fedmcmc.estimators.federation.Federation` (a Flower run's clients): the search runs
+    on the server, in float64, on the clients' answers summed in client order plus the prior's
+    terms, so that it finds the same point, bit for bit, in the simulator and over Flower.
+
+    Up to ``FULL_HESSIAN_DIM`` parameters, damped Newton's steps from ``theta0`` (zeros if None;
+    :func:`_newton`): each round every client returns its value, gradient and Hessian, and a few
+    rounds reach the mode whatever the parametrisation's scales and correlations. Beyond, L-BFGS
+    (``scipy.optimize``, ``gtol = tol`` on the potential per point): each round every client
+    returns its value and gradient (``32 (1 + d)`` bits up, theta's ``32 d`` down). The last
+    round's gradients are the clients' ``grad U_i(theta*)`` (:attr:`ModeResult.client_grads`).
     """
-    from jax.scipy.optimize import minimize
+    from fedmcmc.estimators.federation import federation
 
-    theta0 = jnp.zeros(model.dim, jnp.float32) if theta0 is None else jnp.asarray(theta0, jnp.float32)
-    rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
-    weights = row_weights(rows)
-    u = potential(model, rows)
-    # Normalise by the number of points so BFGS's tolerances are scale-free.
-    scale = 1.0 / max(data.total, 1)
-
-    def search(t):
-        res = minimize(lambda theta: scale * u(theta), t, method="BFGS", tol=tol, options={"maxiter": max_rounds})
-        return res, weighted_potential_grad(model, res.x, rows.x, weights), jax.grad(model.log_prior)(res.x)
-
-    res, client_sum, prior_grad = jax.jit(search)(theta0)
-    theta = res.x
-    if not (np.all(np.isfinite(np.asarray(theta))) and np.all(np.isfinite(np.asarray(client_sum)))):
-        raise ValueError("the search for the federated mode (BFGS) reached NaN or inf: the log-"
-                         "likelihood or prior overflows on the way; standardise the features (and a regression's "
-                         "response) or parametrise the model so that theta = 0 is a sensible start")
-    rounds = int(res.nfev) + 1  # each evaluation returns value and gradient; +1 for the sum at theta*
-    bits = 2 * rounds * data.num_clients * 32 * model.dim
-    if not bool(res.success) and model.dim <= FULL_HESSIAN_DIM:
-        theta, more, more_bits = _newton(u, theta, data.num_clients, max_rounds)
-        rounds, bits = rounds + more, bits + more_bits
-        client_sum, prior_grad = jax.jit(lambda t: (weighted_potential_grad(model, t, rows.x, weights),
-                                                    jax.grad(model.log_prior)(t)))(theta)
-    grad_norm = float(jnp.linalg.norm(client_sum - prior_grad))
-    return ModeResult(theta, client_sum, grad_norm, rounds, bits, _client_gradients(model, data, theta))
+    fed = federation(model, data)
+    d, b = int(model.dim), fed.num_clients
+    theta = np.zeros(d, np.float32) if theta0 is None else np.asarray(theta0, np.float32)
+    prior = jax.jit(lambda t: (-model.log_prior(t), -jax.grad(model.log_prior)(t)))
+    if d <= FULL_HESSIAN_DIM:
+        theta, rounds, bits, last = _newton(fed, model, theta, max_rounds)
+    else:
+        theta, rounds, bits, last = _lbfgs(fed, prior, theta, max_rounds, tol, max(int(np.sum(fed.counts)), 1))
+    if last is None or not np.array_equal(last[0], theta):  # the clients' gradients at theta*: one more round
+        last = (theta, fed.ask("value_grad", theta)[1])
+        rounds, bits = rounds + 1, bits + b * 32 * (1 + 2 * d)
+    grads = np.asarray(last[1], np.float64)
+    client_sum = np.sum(grads, axis=0)
+    if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(client_sum))):
+        raise ValueError("the search for the federated mode (Newton, or L-BFGS) reached NaN or inf: the log-likelihood or prior "
+                         "overflows on the way; standardise the features (and a regression's response) or "
+                         "parametrise the model so that theta = 0 is a sensible start")
+    grad_norm = float(np.linalg.norm(client_sum + np.asarray(prior(theta)[1], np.float64)))
+    return ModeResult(jnp.asarray(theta), jnp.asarray(client_sum, jnp.float32), grad_norm, rounds, bits,
+                      grads.astype(np.float32))
 
 
-def _client_gradients(model: Model, data: FederatedData, theta) -> np.ndarray:
-    """``[b, d]``: every client's ``grad U_i(theta)`` on its own rows (one bucketed pass,
-    :func:`local_gradient` under ``vmap``)."""
-    clients = jax.tree_util.tree_map(jnp.asarray, data.clients())
-    grads = jax.jit(jax.vmap(lambda t, cd: local_gradient(model, t, cd), (None, CLIENT_AXES)))(theta, clients)
-    return np.asarray(grads)
+def _summed(answers, prior_part) -> np.ndarray:
+    """The clients' answers (leading client axis) summed in client order, plus the prior's part, in float64."""
+    return np.sum(np.asarray(answers, np.float64), axis=0) + np.asarray(prior_part, np.float64)
 
 
-def _newton(u: Callable, theta, num_clients: int, max_rounds: int) -> tuple[Any, int, int]:
-    """Damped Newton's method on ``u`` from ``theta``: ``(theta, rounds, bits)``.
+def _newton(fed, model: Model, theta, max_rounds: int) -> tuple[np.ndarray, int, int, tuple | None]:
+    """Damped Newton's method on ``U`` from ``theta``: ``(theta, rounds, bits, (theta, client gradients)
+    of the last Newton round)``.
 
     A round returns each client's value, gradient and Hessian (``32 (1 + d + d (d + 1) / 2)`` bits
-    up, ``theta`` down); the server solves in float64 with the Hessian's eigenvalues made positive,
-    ``H+ = V |Lambda| V'`` (a descent direction where ``H`` is indefinite, away from the mode), and
-    halves the step until ``u`` decreases (each trial a round of values). It stops when the Newton
-    decrement ``g' H^{-1} g`` falls below :data:`NEWTON_TOL` with ``H`` positive definite, when no
-    halving decreases ``u`` (float32's resolution of ``u`` is reached), or after ``max_rounds``.
+    up, ``theta`` down); the server adds the prior's and solves in float64 with the Hessian's
+    eigenvalues made positive, ``H+ = V |Lambda| V'`` (a descent direction where ``H`` is indefinite,
+    away from the mode), and halves the step until ``U`` decreases (each trial a round of values).
+    It stops when the Newton decrement ``g' H^{-1} g`` falls below :data:`NEWTON_TOL` with ``H``
+    positive definite, when no halving decreases ``U`` (float32's resolution of ``U`` is reached),
+    or after ``max_rounds``.
     """
-    d = int(np.shape(theta)[0])
-    at = jax.jit(lambda t: (u(t), jax.grad(u)(t), jax.hessian(u)(t)))
-    value_at = jax.jit(u)
-    newton_bits, value_bits = num_clients * 32 * (1 + 2 * d + d * (d + 1) // 2), num_clients * 32 * (1 + d)
-    rounds, bits = 0, 0
+    d, b = int(np.shape(theta)[0]), fed.num_clients
+    prior = jax.jit(lambda t: (-model.log_prior(t), -jax.grad(model.log_prior)(t), -jax.hessian(model.log_prior)(t)))
+    prior_value = jax.jit(lambda t: -model.log_prior(t))
+    newton_bits, value_bits = b * 32 * (1 + 2 * d + d * (d + 1) // 2), b * 32 * (1 + d)
+    rounds, bits, last = 0, 0, None
     while rounds < max_rounds:
-        value, g, h = (np.asarray(a, np.float64) for a in at(theta))
-        rounds, bits = rounds + 1, bits + newton_bits
+        values, grads, hessians = fed.ask("newton", theta)
+        p_value, p_grad, p_hessian = prior(theta)
+        value, g, h = _summed(values, p_value), _summed(grads, p_grad), _summed(hessians, p_hessian)
+        rounds, bits, last = rounds + 1, bits + newton_bits, (theta, grads)
         if not (np.isfinite(value) and np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
             break
         lam, vec = np.linalg.eigh(0.5 * (h + h.T))
@@ -527,8 +526,8 @@ def _newton(u: Callable, theta, num_clients: int, max_rounds: int) -> tuple[Any,
             break
         t, moved = 1.0, False
         while rounds < max_rounds and t > 1e-6:
-            trial = jnp.asarray(np.asarray(theta, np.float64) - t * step, jnp.float32)
-            trial_value = float(value_at(trial))
+            trial = (np.asarray(theta, np.float64) - t * step).astype(np.float32)
+            trial_value = _summed(fed.ask("value", trial), prior_value(trial))
             rounds, bits = rounds + 1, bits + value_bits
             if trial_value < value:
                 theta, moved = trial, True
@@ -536,4 +535,27 @@ def _newton(u: Callable, theta, num_clients: int, max_rounds: int) -> tuple[Any,
             t /= 2
         if not moved:
             break
-    return theta, rounds, bits
+    return theta, rounds, bits, last
+
+
+def _lbfgs(fed, prior: Callable, theta, max_rounds: int, tol: float, total: int):
+    """L-BFGS on ``U / total`` from ``theta`` (scipy's L-BFGS-B without bounds), one round per
+    evaluation: ``(theta, rounds, bits, (theta, client gradients) of the last round)``."""
+    from scipy.optimize import minimize
+
+    d, b, last = int(np.shape(theta)[0]), fed.num_clients, [None]
+
+    def objective(x):
+        t = np.asarray(x, np.float32)
+        values, grads = fed.ask("value_grad", t)
+        p_value, p_grad = prior(t)
+        last[0] = (t, grads)
+        value, g = _summed(values, p_value), _summed(grads, p_grad)
+        if not (np.isfinite(value) and np.all(np.isfinite(g))):
+            return np.inf, np.zeros(d)
+        return value / total, g / total
+
+    res = minimize(objective, np.asarray(theta, np.float64), jac=True, method="L-BFGS-B",
+                   options={"maxfun": max_rounds, "maxiter": max_rounds, "gtol": tol, "ftol": 1e-12})
+    rounds = int(res.nfev)
+    return np.asarray(res.x, np.float32), rounds, rounds * b * 32 * (1 + 2 * d), last[0]
