@@ -299,8 +299,3 @@ def test_whitening_refusals_are_one_line(change, message):
     with pytest.raises(config.ConfigError, match=message) as err:
         whiten.setting(cfg)
     assert "\n" not in str(err.value)
-    with pytest.raises(config.ConfigError, match="node-local data") as err:
-        whiten.setting(_whiten_config(True), data_known=False)
-    assert "\n" not in str(err.value)
-    assert whiten.setting(_whiten_config("auto"), data_known=False) == (
-        False, "node-local data: the mode and the Hessian are not yet computed as Flower rounds")

@@ -69,11 +69,11 @@ num_iterations = 4
 
 def reference(text, base_dir=None, started=True):
     """The simulator's run of ``text``, from the starting points the Flower apps' server gives it
-    (``started``): those of ``[run] init`` on a ``[problem]``, zeros on node-local ``[data]`` (no
-    mode found there); else from zeros, as a ``ServerRuntime`` built by ``config.from_text``."""
+    (``started``): those of ``[run] init``; else from zeros, as a ``ServerRuntime`` built by
+    ``config.from_text``."""
     cfg = tomllib.loads(text)
     built = config.build(cfg, base_dir)
-    start = config.with_start(cfg, built, data_known="data" not in cfg).start if started else None
+    start = config.with_start(cfg, built).start if started else None
     r = cfg["run"]
     return simulate(r.get("seed", 0), built.sampler, built.data,
                     np.zeros((r["num_chains"], built.model.dim)) if start is None else start,
@@ -516,22 +516,43 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
     np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
     assert [c["n_train"] for c in payload["inputs"]["clients"]] == list(np.asarray(built.data.counts))
-    assert payload["laplace"]["available"] is False and "node-local" in payload["posterior_check"]["why"]
-    assert payload["whitening"]["used"] is False and "node-local" in payload["whitening"]["why"]
+    assert payload["laplace"]["available"] is True  # the chains start dispersed about the mode, as in the simulator
+    assert payload["flower"]["ask_rounds"] == payload["laplace"]["rounds"] > 0  # the mode and the Hessian
     assert payload["inputs"]["scaling"] == built.inputs.scaling  # the pooled scaling from the nodes' moments
     assert sorted(set(reads)) == sorted(p["data-path"] for p in paths.values())
     monkeypatch.setattr(local, "read_client", read_client)
-    grid = InProcessGrid(apps.make_client_app(), 3, SITES + "[sampler]" + QLSD_PP.split("[sampler]")[1].replace(
-        "qlsd++", "qlsd*").replace("refresh_every = 2\n", ""), node_config=paths)
-    with pytest.raises(config.ConfigError, match=r"qlsd\* cannot run on node-local data: .*federated mode"):
-        apps.start_server(grid, grid.text, tmp_path / "qlsd-star")
-    auto = grid.text.replace("qlsd*", "qlsd++").replace("step_size = ", "step_size = \"auto\"\n# ")
-    with pytest.raises(config.ConfigError, match=r'step_size = "auto" cannot run on node-local data'):
-        apps.start_server(InProcessGrid(apps.make_client_app(), 3, auto, node_config=paths), auto, tmp_path / "auto")
-    whitened = grid.text.replace("qlsd*", "qlsd++").replace("[run]\n", "[run]\nwhiten = true\n")
-    with pytest.raises(config.ConfigError, match=r"whiten = true needs .*node-local data"):
-        apps.start_server(InProcessGrid(apps.make_client_app(), 3, whitened, node_config=paths), whitened,
-                          tmp_path / "whitened")
+    cg = SITES + "[sampler]\nname = \"cg-dsgld\"\nstep_size = \"auto\"\nlocal_steps = 2\n[run]\nnum_chains = 1\nnum_iterations = 2\n"
+    with pytest.raises(config.ConfigError, match=r'cg-dsgld with step_size = "auto" cannot run on node-local data'):
+        apps.start_server(InProcessGrid(apps.make_client_app(), 3, cg, node_config=paths), cg, tmp_path / "cg")
+
+
+@pytest.mark.slow
+def test_the_mode_the_automatic_step_and_the_whitening_are_flower_rounds(tmp_path, server_identity):
+    """QLSD* with step_size = "auto" on node-local data: the server finds the federated mode, the
+    curvature, the minibatch noise and the Laplace approximation by ask rounds, whitens, and tells
+    the nodes the results; the draws are the simulator's on the same files, bit for bit, and so are
+    the step, the mode and the starting points."""
+    from fedmcmc.app.flower import apps
+    from fedmcmc.app.flower.launch import data_paths
+
+    write_sites(tmp_path)
+    text = SITES + "[sampler]" + QLSD_PP.split("[sampler]")[1].replace("qlsd++", "qlsd*").replace(
+        "refresh_every = 2\n", "").replace("step_size = 1e-3", 'step_size = "auto"').replace(
+        "batch_size = 5", "batch_size = 10")
+    paths = data_paths(text, tmp_path)
+    cfg = tomllib.loads(text)
+    built = config.with_start(cfg, config.build(cfg, tmp_path))
+    ref = reference(text, tmp_path)
+    remote = text.replace("site-", "nowhere-")
+    grid = InProcessGrid(apps.make_client_app(), 3, remote, node_config=paths)
+    payload = apps.run_server(grid, remote, tmp_path / "out", False, "test")
+    chunks = sorted((tmp_path / "out" / "chunks").glob("chunk_*"))
+    samples = np.concatenate([np.load(c)["positions"] for c in chunks], axis=1)
+    assert payload["whitening"]["used"] is True and built.whitening[0] is not None
+    np.testing.assert_array_equal(samples, ref.samples)  # bit for bit
+    assert payload["step"]["value"] == built.step["value"] and payload["step"]["rule"] == built.step["rule"]
+    assert payload["flower"]["ask_rounds"] >= built.step["rounds"]
+    assert payload["flower"]["ask_bytes_up"] > 0 and payload["flower"]["ask_bytes_down"] > 0
 
 
 def test_a_kept_program_is_loaded_by_another_process_and_gives_the_same_bits(tmp_path):

@@ -98,6 +98,9 @@ class Built(NamedTuple):
     settings
         The config's typed ``[run]`` and ``[flower]`` settings (:class:`fedmcmc.runtime.settings.Settings`),
         what the simulator path and the Flower server and clients read.
+    federation
+        The clients as the estimators reach them (:mod:`fedmcmc.estimators.federation`): the
+        simulator's :class:`~fedmcmc.estimators.federation.Local`, or a Flower server's nodes.
     """
 
     data: Any
@@ -113,6 +116,7 @@ class Built(NamedTuple):
     start: np.ndarray | None = None
     whitening: tuple | None = None
     settings: Settings | None = None
+    federation: Any = None
 
 
 class _Run(NamedTuple):
@@ -121,6 +125,7 @@ class _Run(NamedTuple):
     data: Any
     model: Any
     mode: Any = None
+    federation: Any = None
 
 
 class _Argument(NamedTuple):
@@ -177,7 +182,7 @@ _ARGUMENTS = {
     "model": _Argument((), lambda s, run: run.model),
     "weights": _Argument((), lambda s, run: run.data.weights),
     "num_clients": _Argument((), lambda s, run: run.data.num_clients),
-    "mode": _Argument((), lambda s, run: gradients.find_mode(run.model, run.data) if run.mode is None else run.mode),
+    "mode": _Argument((), lambda s, run: gradients.find_mode(run.model, run.federation) if run.mode is None else run.mode),
     "name": _Argument((), lambda s, run: run.name),
     "batch_size": _Argument(("batch_size", "batch_fraction"), _batch_size),
     "compressor": _Argument(("compression",), lambda s, run: resolve_compressor(s.get("compression"),
@@ -354,7 +359,7 @@ def build(cfg: dict, base_dir: str | Path | None = None, settings: Settings | No
 
 
 def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=None,
-              settings: Settings | None = None) -> Built:
+              settings: Settings | None = None, federation=None, known: dict | None = None) -> Built:
     """The :class:`Built` run of ``cfg`` on ``data`` and ``model``: the registered builder called
     with the ``[sampler]`` keys, translated by :data:`_ARGUMENTS` (``mode``: the federated mode if
     already found, given to a sampler that takes it instead of a search here). When the run whitens
@@ -363,15 +368,26 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
     automatic step on it, and the sampler on it (QLSD*'s mode mapped to ``z``, no second search).
     A run that has the mode gives it to CG-DSGLD as the ``anchor`` of its surrogates. The run
     carries the config's typed settings: ``settings`` (what :func:`validate` returned), else
-    those of ``cfg``."""
+    those of ``cfg``.
+
+    Every estimator asks ``federation`` (:mod:`fedmcmc.estimators.federation`; None: the clients of
+    ``data`` in this process), the whitened one through the server's map
+    (:class:`~fedmcmc.estimators.federation.Whitened`). A Flower node builds its server's run from
+    what the server found, without a round: ``mode`` and ``known``, the step's record (``step``)
+    and, when the run whitens, the map (``whitening``) and the mode in ``z`` (``mode_in_z``)
+    (:func:`fedmcmc.app.flower.asks.known`)."""
     from fedmcmc.app import posterior, whiten
+    from fedmcmc.estimators import federation as federation_lib
     from fedmcmc.models import whitened, whitening
 
     settings = settings or Settings.from_config(cfg)
     name, section = sampler_name(cfg), cfg["sampler"]
     entry = REGISTRY[name]
     use, why = whiten.setting(cfg)
-    run = _Run(name, data, model, mode)
+    known = known or {}
+    run_data = data.pooled() if entry.pooled else data
+    fed = federation_lib.federation(model, run_data) if federation is None else federation
+    run = _Run(name, data, model, mode, fed)
     params = _parameters(name)
     # what the section gives first, so that a bad value fails before the run's own work (the mode)
     made = sorted((param for param in params if param in _ARGUMENTS), key=lambda param: not _ARGUMENTS[param].keys)
@@ -381,12 +397,18 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
     auto_step, mode = section.get("step_size") == "auto", args.get("mode")
     step, approximated, moved, paid = {"value": section.get("step_size"), "rule": "given"}, None, None, False
     on = (model, mode)  # what the step and the sampler see: the model and its mode, or the whitened ones
-    if use:
+    if use and "whitening" in known:  # a Flower node: the server's map and mode in z, no round of its own
+        w = known["whitening"]
+        if w is None:
+            use = False
+        else:
+            moved, on = (w, {"used": True}), (whitened(model, w.centre, w.factor), known.get("mode_in_z"))
+            args.update({"model": on[0], **({"mode": on[1]} if "mode" in args else {})})
+    elif use:
         paid = mode is None and auto_step  # the mode the step would have found: its cost is the step's
-        mode = gradients.find_mode(model, data) if paid else mode
+        mode = gradients.find_mode(model, fed) if paid else mode
         on = (model, mode)
-        run_data = data.pooled() if entry.pooled else data
-        approx, laplace = approximated = posterior.approximate(model, run_data, mode)
+        approx, laplace = approximated = posterior.approximate(model, fed, mode)
         if approx is None and settings.run.whiten is True:
             raise ConfigError(f"[run] whiten = true needs the Laplace approximation at the mode: {laplace['why']}; "
                               "set whiten = false")
@@ -402,8 +424,13 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
         from fedmcmc.app import auto_step as auto
 
         param = next(p for p in params if _RENAMED.get(p, p) == "step_size")
-        args[param], step, found = auto.auto_step(settings.run.seed, name, args, on[0], data, on[1],
-                                                  whitened=moved is not None)
+        if "step" in known:  # a Flower node: the server's step
+            step, found = known["step"], on[1]
+            args[param] = step["value"] if isinstance(step["value"], float) else np.asarray(step["value"])
+        else:
+            asked = fed if moved is None else federation_lib.Whitened(fed, moved[0])
+            args[param], step, found = auto.auto_step(settings.run.seed, name, args, on[0], asked, on[1],
+                                                      whitened=moved is not None)
         if paid:
             step = {**step, "rounds": step["rounds"] + mode.rounds, "bits": step["bits"] + mode.bits}
         mode = mode or found
@@ -417,28 +444,25 @@ def build_run(cfg: dict, data, model, exact=None, tests=None, info=None, mode=No
                 args.update({param: value if param == key else _ARGUMENTS[param].make(resolved, run) for param in params
                              if param == key or (param in _ARGUMENTS and key in _ARGUMENTS[param].keys)})
         step = {**step, **auto.budget(step, settings.run, args)}
-    known = on[1] if on[1] is not None else found  # the mode in the sampler's coordinates, if the run has it
-    if "anchor" in args and known is not None:
-        args["anchor"] = np.asarray(known.theta, np.float32)
+    in_sampler = on[1] if on[1] is not None else found  # the mode in the sampler's coordinates, if the run has it
+    if "anchor" in args and in_sampler is not None:
+        args["anchor"] = np.asarray(in_sampler.theta, np.float32)
     args, privacy_record = privacy.settle(cfg, name, args, data, entry.pooled, ConfigError, settings)
     sampler = entry.build(**args)
-    return Built(data.pooled() if entry.pooled else data, model, exact, sampler, mode, tests, info, step,
+    return Built(run_data, model, exact, sampler, mode, tests, info, step,
                  privacy_record, laplace=approximated, whitening=moved or (None, {"used": False, "why": why}),
-                 settings=settings)
+                 settings=settings, federation=fed)
 
 
-def with_start(cfg: dict, built: Built, data_known: bool = True) -> Built:
-    """The run with its Laplace approximation (:func:`fedmcmc.app.posterior.laplace`; none when
-    the data are not ``data_known``, a Flower server's node-local data) and the chains' starting
-    points by ``[run] init`` (:func:`fedmcmc.app.posterior.starts`), mapped to ``z`` when the
-    sampler runs whitened."""
-    from fedmcmc.app import posterior, whiten
+def with_start(cfg: dict, built: Built) -> Built:
+    """The run with its Laplace approximation (:func:`fedmcmc.app.posterior.laplace`) and the
+    chains' starting points by ``[run] init`` (:func:`fedmcmc.app.posterior.starts`), mapped to
+    ``z`` when the sampler runs whitened."""
+    from fedmcmc.app import posterior
 
-    approx, record = posterior.laplace(cfg, built, data_known)
+    approx, record = posterior.laplace(cfg, built)
     start = posterior.starts(cfg, built.model.dim, approx)
     w, entry = built.whitening
-    if not data_known:  # whiten = true refused here; "auto" never whitens there (node-local data take a given step)
-        entry = {"used": False, "why": whiten.setting(cfg, data_known=False)[1]}
     if w is not None:
         start = w.to_z(start)
     return built._replace(laplace=(approx, record), start=start, whitening=(w, entry))

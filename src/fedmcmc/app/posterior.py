@@ -10,7 +10,7 @@ points drawn from it (``[run] init``), and the posterior check of the draws agai
   R-hat sees it; and they start near the posterior whatever the units of the data;
 * ``"mode"``: every chain at ``theta*``;
 * ``"zeros"``: every chain at 0 (the default where there is no approximation: a neural
-  network, or node-local data on Flower; and under ``[privacy]``, whose accountant covers
+  network; and under ``[privacy]``, whose accountant covers
   starting points that do not depend on the data);
 * a list of ``d`` numbers (every chain there), or ``num_chains`` such lists.
 
@@ -70,15 +70,15 @@ def approximate(model, data, mode) -> tuple[approximation.Laplace | None, dict]:
                     "bits": bits + approx.bits, "gradient_norm_at_mode": mode.gradient_norm}
 
 
-def laplace(cfg: dict, built, data_known: bool = True) -> tuple[approximation.Laplace | None, dict]:
+def laplace(cfg: dict, built) -> tuple[approximation.Laplace | None, dict]:
     """``(approximation or None, record)`` of the run: the record says what it cost (rounds and bits,
     the mode's search included when it was run for it) or why there is none. The approximation the
     run's whitening was made from (``built.laplace``, :mod:`fedmcmc.app.whiten`) is reused."""
     if not wanted(cfg):
         return None, {"available": False, "why": "[run] posterior_check = false and init needs no mode"}
-    why = not_available(cfg) or (None if data_known else "node-local data: the mode is not yet computed as Flower rounds")
+    why = not_available(cfg)
     if why is None:
-        approx, record = built.laplace or approximate(built.model, built.data, built.mode)
+        approx, record = built.laplace or approximate(built.model, built.federation or built.data, built.mode)
         if approx is not None:
             return approx, record
         why = record["why"]

@@ -9,8 +9,7 @@ The chains start at the run's starting points mapped to ``z`` and their draws ar
 
 * ``"auto"`` (the default): whiten when ``step_size = "auto"`` and the Laplace approximation can
   be had: not for the models of :data:`fedmcmc.app.posterior.NOT_LOG_CONCAVE`, not under
-  ``[privacy]`` (its accountant does not cover a transformation computed from the data), not on
-  node-local data (a Flower server of a ``[data]`` run, which does not hold the data), and not
+  ``[privacy]`` (its accountant does not cover a transformation computed from the data), and not
   when the potential's Hessian at the mode is not positive definite;
 * ``true``: whiten with any step (refused in one line where the approximation cannot be had);
 * ``false``: never.
@@ -33,10 +32,10 @@ from fedmcmc.models.whitened import Whitening
 from fedmcmc.runtime.settings import ConfigError, RunSettings
 
 
-def setting(cfg: dict, data_known: bool = True) -> tuple[bool, str | None]:
+def setting(cfg: dict) -> tuple[bool, str | None]:
     """``(whether to whiten, why not)`` for ``[run] whiten`` (module docstring), before the
     approximation is computed; raises a one-line ConfigError for a bad value, or for ``true``
-    where the approximation cannot be had (``data_known`` False: a Flower server's node-local data)."""
+    where the approximation cannot be had."""
     from fedmcmc.app import posterior
 
     value = RunSettings.from_section(cfg["run"]).whiten  # its value checked there
@@ -44,7 +43,6 @@ def setting(cfg: dict, data_known: bool = True) -> tuple[bool, str | None]:
         return False, "[run] whiten = false"
     why = (posterior.not_available(cfg)
            or ("privacy" in cfg and "[privacy]: its accountant does not cover a transformation computed from the data")
-           or (not data_known and "node-local data: the mode and the Hessian are not yet computed as Flower rounds")
            or None)
     if why is not None:
         if value is True:

@@ -155,7 +155,7 @@ class Local:
     the answers of :func:`program` over all clients at once."""
 
     def __init__(self, model: Model, data):
-        self.model, self.num_clients, self.counts = model, data.num_clients, data.counts
+        self.model, self.data, self.num_clients, self.counts = model, data, data.num_clients, data.counts
         self.rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
         self.index = jnp.arange(self.num_clients, dtype=jnp.int32)
         self.programs: dict[str, Callable] = {}
@@ -164,6 +164,10 @@ class Local:
         if name not in self.programs:
             self.programs[name] = program(self.model, name)
         return jax.tree_util.tree_map(np.asarray, self.programs[name](self.rows, as_arguments(args), self.index))
+
+    def client(self, i: int):
+        """Client ``i``'s data (the local fits of CG-DSGLD's surrogates, in this process only)."""
+        return self.data.client(i)
 
 
 class Whitened:
@@ -175,6 +179,9 @@ class Whitened:
         self.base, self.w = base, whitening
         self.num_clients, self.counts = base.num_clients, base.counts
         self.lower = np.asarray(whitening.factor, np.float64)
+
+    def client(self, i: int):
+        return self.base.client(i)
 
     def _theta(self, z):
         return self.w.to_theta(np.asarray(z, np.float64))

@@ -6,7 +6,8 @@
   ``partition-id``, client count and data shapes, checked by
   :class:`~fedmcmc.app.flower.grid.GridTransport`, which also lets a restarted SuperNode rejoin
   under its partition and queues a ``hold`` behind each message), builds a ``[data]`` run from the nodes'
-  summaries without opening a data file (:func:`start_server`, :mod:`fedmcmc.app.flower.nodes`)
+  summaries and their answers to its estimators' ``ask`` rounds without opening a data file
+  (:func:`start_server`, :mod:`fedmcmc.app.flower.nodes`, :mod:`fedmcmc.app.flower.asks`)
   and runs :class:`~fedmcmc.runtime.messaging.server.ServerRuntime` over its own push/pull loop
   (``GridTransport.send_and_receive``, polling every ``poll_interval`` seconds).
 * ``client_app`` (:func:`make_client_app`, optionally wrapped in Flower mods): one handler for
@@ -105,28 +106,37 @@ client_app = make_client_app()
 def start_server(grid: Grid, cfg_text: str, out, resume: bool = False, base_dir=None, overwrite: bool = False):
     """``(runtime, transport)`` of a run: the nodes greeted, the server's side built. A ``[data]``
     run is built from what the nodes tell (:mod:`fedmcmc.app.flower.nodes`): the server opens no
-    data file; it sends the nodes the run's inputs (their standardisation) before anything else."""
+    data file; it sends the nodes the run's inputs (their standardisation) before anything else,
+    asks them for what its estimators need (:mod:`fedmcmc.app.flower.asks`), and sends them the results."""
     config_lib, inputs, nodes, _, server = replies.lib()
     cfg = nodes.parsed(cfg_text)
     if "data" not in cfg:
         runtime = server.ServerRuntime(cfg_text, out, functools.partial(config_lib.from_text, start=True),
                                        resume=resume, overwrite=overwrite)
         return runtime, GridTransport(grid, runtime.b, runtime.flower)
-    from fedmcmc.app import whiten  # after replies.lib(): JAX started on one thread first
+    from fedmcmc.app.flower import asks  # after replies.lib(): JAX started on one thread first
 
-    whiten.setting(cfg, data_known=False)  # whiten = true refused before the nodes are greeted
     transport = GridTransport(grid, nodes.num_clients(cfg["data"]), FlowerSettings.from_section(cfg.get("flower")))
     summaries = [nodes.summary_from_json(transport.hellos[i]["summary"]) for i in range(transport.b)]
     nodes.check_columns(summaries, [f"SuperNode {transport.node[i]} (partition-id {i})" for i in range(transport.b)])
     info, _ = inputs.combine(cfg["data"], summaries)
-    built = nodes.build_from_inputs(cfg, info, base_dir)
-    transport.welcome = {"kind": "nodes", "inputs": json.dumps(info._asdict())}
-    answers = transport.exchange({i: transport.welcome for i in range(transport.b)}, transport.flower.round_timeout)
+    welcome = {"kind": "nodes", "inputs": json.dumps(info._asdict())}
+    _tell(transport, welcome, "the run's inputs")
+    remote = asks.Remote(transport, [c["n_train"] for c in info.clients])
+    built = config_lib.with_start(cfg, nodes.build_from_inputs(cfg, info, base_dir, federation=remote))
+    transport.welcome = {**welcome, "known": asks.known(built)}  # also for a SuperNode that rejoins
+    _tell(transport, transport.welcome, "the server's results (the mode, the step)")
+    runtime = server.ServerRuntime(cfg_text, out, lambda _: (cfg, built), resume=resume, overwrite=overwrite)
+    runtime.stats.update(remote.stats)
+    return runtime, transport
+
+
+def _tell(transport: GridTransport, message: dict, what: str) -> None:
+    """Send every node ``message``; a node that does not take it stops the run, named."""
+    answers = transport.exchange({i: message for i in range(transport.b)}, transport.flower.round_timeout)
     missing = [i for i, r in answers.items() if r is None]
     if missing:
-        raise RuntimeError(f"client(s) {missing} did not take the run's inputs; see their SuperNodes' logs")
-    built = config_lib.with_start(cfg, built, data_known=False)
-    return server.ServerRuntime(cfg_text, out, lambda _: (cfg, built), resume=resume, overwrite=overwrite), transport
+        raise RuntimeError(f"client(s) {missing} did not take {what}; see their SuperNodes' logs")
 
 
 def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str, base_dir=None,

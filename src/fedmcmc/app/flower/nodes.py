@@ -16,7 +16,13 @@ A ``[data]`` run on Flower goes as follows (docs/flower.md, "Node-local data"):
    puts its own scaled rows in its place (:func:`own_data`), exactly as the simulator's
    :func:`fedmcmc.app.inputs.load_data` would.
 
-Samplers whose construction needs the data themselves are refused (:func:`refused`).
+4. What the simulator computes from the data before the sampler's rounds -- the federated mode,
+   ``step_size = "auto"``, the Laplace approximation, the whitening -- the server computes from
+   the nodes' answers to ``ask`` rounds (:mod:`fedmcmc.app.flower.asks`), then sends every node
+   the results its build needs (a second ``nodes`` message).
+
+Pooled samplers, and CG-DSGLD's ``step_size = "auto"`` (its surrogates' local fits at the mode),
+are refused (:func:`refused`, :func:`check_sampler`).
 """
 
 from __future__ import annotations
@@ -40,14 +46,9 @@ from fedmcmc.samplers import REGISTRY
 
 def refused(name: str) -> str | None:
     """Why a node-local ``[data]`` run refuses registered sampler ``name``, or None: a pooled
-    sampler (:attr:`fedmcmc.samplers.Registered.pooled`) and one whose builder takes the federated
-    ``mode`` are."""
-    entry = REGISTRY[name]
-    if entry.pooled:
+    sampler (:attr:`fedmcmc.samplers.Registered.pooled`) is."""
+    if REGISTRY[name].pooled:
         return "it is centralised: all data on one client"
-    if "mode" in inspect.signature(entry.build).parameters:
-        return ("its control variates need the federated mode, which fedmcmc computes with every client's data in "
-                "one process (estimators.gradients.find_mode), not yet as Flower rounds")
     return None
 
 
@@ -146,27 +147,34 @@ def _label_dtype(info: inputs_lib.Inputs):
 
 def check_sampler(cfg: dict) -> None:
     """Refuse a sampler that :func:`refused` names (a ``[data]`` run on Flower), naming those that
-    work, and ``step_size = "auto"``, whose curvature rounds need the federated mode as well."""
+    work, and CG-DSGLD's ``step_size = "auto"``, whose conducive curvature fits every client's
+    surrogate at the mode in one process."""
     name = config_lib.sampler_name(cfg)
     why = refused(name)
     if why:
         usable = [s for s in REGISTRY if not refused(s)]
         raise config_lib.ConfigError(f"{name} cannot run on node-local data: {why}; use one of "
                                      f"{', '.join(usable)} (docs/flower.md)")
-    if cfg["sampler"].get("step_size") == "auto":
-        raise config_lib.ConfigError('step_size = "auto" cannot run on node-local data yet: its curvature is taken '
-                                     "at the federated mode, which is not yet computed as Flower rounds; give a "
-                                     "number (e.g. the value `fedmcmc run` printed on data you may pool, or the "
-                                     "rule of docs/design.md \"Step sizes\" with your own estimate)")
+    if cfg["sampler"].get("step_size") == "auto" and "surrogate" in inspect.signature(REGISTRY[name].build).parameters:
+        raise config_lib.ConfigError(f'{name} with step_size = "auto" cannot run on node-local data yet: its '
+                                     "conducive curvature fits every client's surrogate at the mode in one process; "
+                                     "give a number (docs/design.md, \"Step sizes\")")
 
 
-def build_from_inputs(cfg: dict, info: inputs_lib.Inputs, base_dir=None) -> config_lib.Built:
+def build_from_inputs(cfg: dict, info: inputs_lib.Inputs, base_dir=None, federation=None,
+                      known: str | None = None) -> config_lib.Built:
     """The run of a ``[data]`` config built from what the nodes told (``info``), without data: the
     clients' training parts are zeros of their shapes (the sampler needs only counts and shapes).
-    ``tests`` is None: the held-out parts stay on the nodes."""
+    ``tests`` is None: the held-out parts stay on the nodes. The server's estimators ask the nodes
+    (``federation``, :class:`fedmcmc.app.flower.asks.Remote`); a node builds the server's run from
+    its results (``known``, :func:`fedmcmc.app.flower.asks.known`), asking no one."""
+    from fedmcmc.app.flower import asks
+
     check_sampler(cfg)
-    data = _zeros(info)
-    return config_lib.build_run(cfg, data, inputs_lib.model_from_config(cfg, info, base_dir), None, None, info)
+    mode, given = (None, {}) if known is None else asks.from_known(known)
+    return config_lib.build_run(cfg, _zeros(info), inputs_lib.model_from_config(cfg, info, base_dir), None, None,
+                                info, mode=mode, federation=asks.Refused() if federation is None else federation,
+                                known=given)
 
 
 def _zeros(info: inputs_lib.Inputs) -> FederatedData:

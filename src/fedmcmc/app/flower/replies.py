@@ -55,14 +55,18 @@ def _runtime(text: str, index: int, node: NodeView, store: dict, programs):
         return _RUNTIMES[key]
     if "inputs" not in store:
         raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
-    key = (client.config_hash(text), index, store["inputs"])
+    if "known" not in store:
+        raise RuntimeError(f"client {index} has not received the server's results (the mode, the step) before its "
+                           "rounds")
+    key = (client.config_hash(text), index, store["inputs"], store["known"])
     if key not in _RUNTIMES:
         train, _ = nodes.node_local(text, index, node)
         cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
-        built = nodes.build_from_inputs(cfg, info, nodes.base_dir(node))
+        built = nodes.build_from_inputs(cfg, info, nodes.base_dir(node), known=store["known"])
         _RUNTIMES[key] = client.ClientRuntime(text, index, lambda _: (cfg, built),
                                               lambda i: nodes.own_data(train, i, info),
-                                              identity=client.config_hash(store["inputs"]), programs=programs)
+                                              identity=client.config_hash(store["inputs"] + store["known"]),
+                                              programs=programs)
     return _RUNTIMES[key]
 
 
@@ -86,11 +90,43 @@ def answer(m: dict, text: str, index: int, node: NodeView, store: dict) -> tuple
         _, summary = nodes.node_local(text, index, node)
         return {"index": index, "num_clients": nodes.num_clients(nodes.parsed(text)["data"]),
                 "shapes": [summary.input_shape, []], "summary": nodes.summary_to_json(summary)}, store
-    if m["kind"] == "nodes":
+    if m["kind"] == "nodes":  # the run's inputs, then again with the server's results (asks.known)
         store["inputs"] = m["inputs"]
+        if "known" in m:
+            store["known"] = m["known"]
         return {"ok": 1}, store
+    if m["kind"] == "ask":
+        return _ask(m, text, index, node, store), store
     programs = cache_dir(node.node_config) / "programs"
     return _runtime(text, index, node, store, programs).handle(m, store), store
+
+
+def _ask(m: dict, text: str, index: int, node: NodeView, store: dict) -> dict:
+    """A ``[data]`` node's answer to an ``ask`` of the server's estimators (:func:`fedmcmc.app.flower.asks.answer`)
+    on its own training rows, scaled as the run's inputs say."""
+    from fedmcmc.app.flower import asks
+
+    _, inputs, nodes, client, _ = lib()
+    if "inputs" not in store:
+        raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
+    cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
+    key = (client.config_hash(text), index, store["inputs"])
+    if key not in _OWN:
+        train, _ = nodes.node_local(text, index, node)
+        _OWN[key] = (inputs.model_from_config(cfg, info, nodes.base_dir(node)), nodes.own_data(train, index, info))
+        if len(_OWN) > 8:
+            _OWN.pop(next(iter(_OWN)))
+    model, own = _OWN[key]
+    return asks.answer(model, own, len(info.clients) if _exact(cfg) else 1, key, m)
+
+
+_OWN: dict[tuple, tuple] = {}  # a [data] node's model and own rows, per run
+
+
+def _exact(cfg: dict) -> bool:
+    from fedmcmc.runtime.settings import FlowerSettings
+
+    return FlowerSettings.from_section(cfg.get("flower")).exact
 
 
 def cache_dir(node_config) -> Path:
