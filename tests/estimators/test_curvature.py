@@ -1,4 +1,5 @@
-"""Federated Hessian-vector power iteration against exact Hessians."""
+"""Federated Hessian-vector power iteration, and one round of Hessians up to FULL_HESSIAN_DIM
+parameters, against exact Hessians (``full_dim = 0``: the power iterations at any size)."""
 
 import jax
 import numpy as np
@@ -11,23 +12,32 @@ from fedmcmc.estimators.gradients import find_mode
 from fedmcmc.models import linear_regression
 
 
+def _exact_round(got, b, d):
+    """One round of Hessians: every client's triangle up, theta down."""
+    assert got.converged and (got.rounds, got.bits_up, got.bits_down) == (1, b * 32 * d * (d + 1) // 2, b * 32 * d)
+
+
 @pytest.mark.slow
-def test_lambda_max_of_a_logistic_regression_is_the_exact_hessians():
+@pytest.mark.parametrize("full_dim", [None, 0])
+def test_lambda_max_of_a_logistic_regression_is_the_exact_hessians(full_dim):
     data, model = breast_cancer(num_clients=4)
     mode = find_mode(model, data)
-    got = curvature(jax.random.key(0), model, data, mode.theta, tol=1e-6, max_rounds=500)
+    got = curvature(jax.random.key(0), model, data, mode.theta, tol=1e-6, max_rounds=500, full_dim=full_dim)
     x, y = (np.concatenate(a).astype(np.float64)
             for a in zip(*(data.unpadded(i) for i in range(data.num_clients))))
     p = 1.0 / (1.0 + np.exp(-x @ np.asarray(mode.theta, np.float64)))
     hessian = x.T @ (x * (p * (1 - p))[:, None]) + np.eye(model.dim)  # N(0, 1) prior
     exact = np.linalg.eigvalsh(hessian)
     assert got.converged and got.lambda_min is None
-    assert got.lambda_max == pytest.approx(exact[-1], rel=2e-3)
-    # one round per product: d float32 to and from each of the b clients
-    assert got.bits_up == got.bits_down == got.rounds * 4 * 32 * model.dim
+    assert got.lambda_max == pytest.approx(exact[-1], rel=2e-3 if full_dim == 0 else 1e-5)
+    if full_dim == 0:  # one round per product: d float32 to and from each of the b clients
+        assert got.bits_up == got.bits_down == got.rounds * 4 * 32 * model.dim
+    else:
+        _exact_round(got, 4, model.dim)
 
 
-def test_both_ends_of_a_gaussian_models_spectrum():
+@pytest.mark.parametrize("full_dim", [None, 0])
+def test_both_ends_of_a_gaussian_models_spectrum(full_dim):
     rng = np.random.default_rng(1)
     scales = np.array([3.0, 1.0, 0.5, 0.2])  # a well-separated spectrum
     clients = []
@@ -39,11 +49,14 @@ def test_both_ends_of_a_gaussian_models_spectrum():
     x = np.concatenate([c[0] for c in clients]).astype(np.float64)
     exact = np.linalg.eigvalsh(x.T @ x / 0.25 + np.eye(4) / 4.0)
     got = curvature(jax.random.key(3), model, data, np.zeros(4), tol=1e-7, smallest=True, max_rounds=300,
-                    max_rounds_smallest=300)
+                    max_rounds_smallest=300, full_dim=full_dim)
     assert got.converged
     assert got.lambda_max == pytest.approx(exact[-1], rel=1e-4)
-    assert got.lambda_min == pytest.approx(exact[0], rel=1e-2)
-    assert got.bits_up == got.bits_down == got.rounds * 3 * 32 * 4
+    assert got.lambda_min == pytest.approx(exact[0], rel=1e-2 if full_dim == 0 else 1e-5)
+    if full_dim == 0:
+        assert got.bits_up == got.bits_down == got.rounds * 3 * 32 * 4
+    else:
+        _exact_round(got, 3, 4)
 
 
 def test_bad_settings_are_refused():
@@ -106,7 +119,8 @@ def test_the_drift_offset_of_the_step_rules_is_the_averaged_mean_maps_fixed_poin
     np.testing.assert_allclose(fixed - star, ratio * np.linalg.solve(big_a, b), rtol=0.05)
 
 
-def test_minibatch_noise_is_the_weighted_sum_of_the_points_squared_curvatures():
+@pytest.mark.parametrize("full_dim", [None, 0])
+def test_minibatch_noise_is_the_weighted_sum_of_the_points_squared_curvatures(full_dim):
     from fedmcmc.estimators.curvature import minibatch_noise
 
     rng = np.random.default_rng(5)
@@ -118,10 +132,14 @@ def test_minibatch_noise_is_the_weighted_sum_of_the_points_squared_curvatures():
     weights = np.array([2.0, 0.0, 0.5])
     exact = sum(w * sum(np.outer(r, r) * (r @ r) for r in np.asarray(c[0], np.float64)) / 0.25**2
                 for w, c in zip(weights, clients))
-    got = minibatch_noise(jax.random.key(0), model, data, np.zeros(3), weights, max_rounds=300, tol=1e-7)
+    got = minibatch_noise(jax.random.key(0), model, data, np.zeros(3), weights, max_rounds=300, tol=1e-7,
+                          full_dim=full_dim)
     assert got.converged
-    assert got.lambda_max == pytest.approx(np.linalg.eigvalsh(exact)[-1], rel=1e-3)
-    assert got.bits_up == got.bits_down == got.rounds * 3 * 32 * 3
+    assert got.lambda_max == pytest.approx(np.linalg.eigvalsh(exact)[-1], rel=1e-3 if full_dim == 0 else 1e-5)
+    if full_dim == 0:
+        assert got.bits_up == got.bits_down == got.rounds * 3 * 32 * 3
+    else:
+        _exact_round(got, 3, 3)
 
 
 def test_the_mode_reports_each_clients_gradient_and_b_star():

@@ -20,6 +20,12 @@ ill-conditioned (its ratio of leading eigenvalues is close to 1), so it runs und
 round budget and reports whether it converged; the step-size rules use ``lambda_max`` only,
 ``lambda_min`` is what sets how many iterations a chain needs (``1 / (gamma lambda_min)``
 for Langevin dynamics).
+
+Up to :data:`fedmcmc.estimators.gradients.FULL_HESSIAN_DIM` parameters one round of Hessians
+replaces the power iterations (each client uploads the upper triangle of ``H_c``, ``32 d (d + 1)
+/ 2`` bits): the eigenvalues are then exact, and a deployment whose rounds cost seconds pays one
+round instead of up to ``max_rounds + max_rounds_smallest``. :func:`minibatch_noise` does the same
+with each client's ``sum_j H_j S H_j``.
 """
 
 from __future__ import annotations
@@ -31,8 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.core.base import Model
-from fedmcmc.data.federated import FederatedData
-from fedmcmc.estimators.gradients import _summed
+from fedmcmc.estimators.gradients import FULL_HESSIAN_DIM, _summed
 
 
 class Curvature(NamedTuple):
@@ -100,8 +105,8 @@ def power_iteration(key, matvec: Callable, dim: int, max_iterations: int, tol: f
     return previous, max_iterations, False
 
 
-def curvature(key, model: Model, data: FederatedData, theta, max_rounds: int = 200, tol: float = 1e-4,
-              smallest: bool = False, max_rounds_smallest: int = 200) -> Curvature:
+def curvature(key, model: Model, data, theta, max_rounds: int = 200, tol: float = 1e-4,
+              smallest: bool = False, max_rounds_smallest: int = 200, full_dim: int | None = None) -> Curvature:
     """Estimate the extreme eigenvalues of ``nabla^2 U(theta)`` by federated power iteration.
 
     Parameters
@@ -116,13 +121,18 @@ def curvature(key, model: Model, data: FederatedData, theta, max_rounds: int = 2
         Round budget and relative tolerance of the iteration for ``lambda_max``.
     smallest, max_rounds_smallest
         Also estimate ``lambda_min`` (shifted iteration), with its own round budget.
+    full_dim
+        Up to this many parameters, one round of Hessians and their exact eigenvalues instead
+        (:data:`fedmcmc.estimators.gradients.FULL_HESSIAN_DIM` if None; 0: always the power iterations).
     """
     if int(max_rounds) != max_rounds or max_rounds < 2:
         raise ValueError(f"max_rounds must be an integer >= 2 (got {max_rounds!r})")
     if not 0 < tol < 1:
         raise ValueError(f"tol must lie in (0, 1) (got {tol!r})")
-    hvp = federated_hvp(model, data, theta)
     d = int(model.dim)
+    if d <= (FULL_HESSIAN_DIM if full_dim is None else full_dim):
+        return _exact(model, data, theta, smallest)
+    hvp = federated_hvp(model, data, theta)
     top, rounds, converged = power_iteration(jax.random.fold_in(key, 0), hvp, d, int(max_rounds), tol)
     low = None
     if smallest:
@@ -132,6 +142,20 @@ def curvature(key, model: Model, data: FederatedData, theta, max_rounds: int = 2
         low, rounds, converged = top - gap, rounds + extra, converged and converged_low
     bits = rounds * data.num_clients * 32 * d
     return Curvature(top, low, converged, rounds, bits, bits)
+
+
+def _exact(model: Model, data, theta, smallest: bool) -> Curvature:
+    """:class:`Curvature` from one round of the clients' Hessians: exact eigenvalues."""
+    from fedmcmc.estimators.federation import federation
+
+    fed, theta, d = federation(model, data), np.asarray(theta, np.float32), int(model.dim)
+    h = _summed(fed.ask("hessian", theta), -np.asarray(jax.jit(jax.hessian(model.log_prior))(theta), np.float64))
+    if not np.all(np.isfinite(h)):
+        raise ValueError("the Hessian at the mode is not finite; is the mode finite?")
+    eig = np.linalg.eigvalsh(0.5 * (h + h.T))
+    b = fed.num_clients
+    return Curvature(float(eig[-1]), float(eig[0]) if smallest else None, True, 1, b * 32 * d * (d + 1) // 2,
+                     b * 32 * d)
 
 
 class Heterogeneity(NamedTuple):
@@ -190,7 +214,8 @@ class MinibatchNoise(NamedTuple):
     converged
         Whether the power iteration met its tolerance within its rounds.
     rounds, bits_up, bits_down
-        One round per product: every client receives ``v`` and returns its ``32 d`` bits.
+        One round per product: every client receives ``v`` and returns its ``32 d`` bits (up
+        to ``full_dim`` parameters, one round: each client returns its ``d x d`` sum's triangle).
     """
 
     lambda_max: float
@@ -200,8 +225,8 @@ class MinibatchNoise(NamedTuple):
     bits_down: int
 
 
-def minibatch_noise(key, model: Model, data: FederatedData, theta, weights, covariance=None, max_rounds: int = 100,
-                    tol: float = 1e-3) -> MinibatchNoise:
+def minibatch_noise(key, model: Model, data, theta, weights, covariance=None, max_rounds: int = 100,
+                    tol: float = 1e-3, full_dim: int | None = None) -> MinibatchNoise:
     """``lambda_max(sum_c c_c sum_{j in c} H_j S H_j)`` at ``theta`` by federated power iteration,
     ``S`` the ``covariance`` (``H^{-1}``, broadcast once) or the identity if None.
 
@@ -213,7 +238,9 @@ def minibatch_noise(key, model: Model, data: FederatedData, theta, weights, cova
     H_j H^{-1} H_j`` (:mod:`fedmcmc.samplers.steps` reads it with the weights ``c_c``): ``S =
     H^{-1}``, or the identity where the model is whitened (``H = I``).
 
-    In a round the server broadcasts ``v``; client ``c`` returns ``c_c sum_j H_j S (H_j v)`` from
+    Up to ``full_dim`` parameters (:data:`fedmcmc.estimators.gradients.FULL_HESSIAN_DIM` if None)
+    each client returns its ``sum_j H_j S H_j`` in one round and the eigenvalue is exact. Beyond,
+    in a round the server broadcasts ``v``; client ``c`` returns ``c_c sum_j H_j S (H_j v)`` from
     two Hessian-vector products per point (``jax.jvp`` of ``jax.grad`` of one point's negative
     log-likelihood), :data:`fedmcmc.estimators.federation.NOISE_CHUNK` rows at a time; the server sums. The covariance's broadcast
     (``32 d (d + 1) / 2`` bits to each client) is not counted here.
@@ -223,6 +250,12 @@ def minibatch_noise(key, model: Model, data: FederatedData, theta, weights, cova
     fed, theta, d = federation(model, data), np.asarray(theta, np.float32), int(model.dim)
     cov = np.ones(d, np.float32) if covariance is None else np.asarray(covariance, np.float32)
     weights = np.asarray(weights, np.float64)
+    if d <= (FULL_HESSIAN_DIM if full_dim is None else full_dim):  # one round of d x d matrices
+        m = np.einsum("c,cde->de", weights, np.asarray(fed.ask("noise_matrix", theta, cov), np.float64))
+        if not np.all(np.isfinite(m)):
+            raise ValueError("the minibatch noise at the mode is not finite; is the mode finite?")
+        up = fed.num_clients * 32 * d * (d + 1) // 2
+        return MinibatchNoise(float(np.linalg.eigvalsh(0.5 * (m + m.T))[-1]), True, 1, up, fed.num_clients * 32 * d)
 
     def matvec(v):
         return weights @ np.asarray(fed.ask("noise", theta, v, cov), np.float64)

@@ -21,7 +21,7 @@ simulator and over Flower. A client's potential is ``U_c(theta) = -sum_j log p(x
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -97,6 +97,16 @@ def _noise(model, x, w, c, theta, v, cov):
     return jnp.sum(jax.lax.map(one, (x, w), batch_size=NOISE_CHUNK), axis=0)
 
 
+def _noise_matrix(model, x, w, c, theta, cov):
+    """``sum_j H_j S H_j`` over the client's points (``[d, d]``; ``S`` as for ``noise``)."""
+    def one(args):
+        xj, wj = args
+        h = jax.hessian(lambda t: -model.log_likelihood(t, xj))(theta)
+        return jnp.where(wj > 0, wj * (h @ (cov @ h if cov.ndim == 2 else cov[:, None] * h)), 0.0)
+
+    return jnp.sum(jax.lax.map(one, (x, w), batch_size=NOISE_CHUNK), axis=0)
+
+
 #: The computations a server may ask its clients for, by the name its ``ask`` message carries:
 #: ``fn(model, x, w, c, *broadcast)`` on client ``c``'s rows ``x`` with weights ``w``.
 COMPUTATIONS: dict[str, Callable] = {
@@ -108,6 +118,7 @@ COMPUTATIONS: dict[str, Callable] = {
     "hessian_diag": _hessian_diag,
     "drift": _drift,
     "noise": _noise,
+    "noise_matrix": _noise_matrix,
 }
 
 
@@ -231,6 +242,8 @@ class Whitened:
             v, cov = args
             return self._lt(np.asarray(self.base.ask(name, theta, self._l(np.asarray(v, np.float64)),
                                                      self._metric(cov)), np.float64))
+        if name == "noise_matrix":  # L' [sum_j H_j (L S L') H_j] L
+            return self._sandwich(np.asarray(self.base.ask(name, theta, self._metric(args[0])), np.float64))
         raise ValueError(f"unknown computation {name!r}; choose one of {tuple(COMPUTATIONS)}")
 
 

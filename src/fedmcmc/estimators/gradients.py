@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedmcmc.core.xla import materialize
-from fedmcmc.core.base import CLIENT_AXES, ClientData, Model, Rows
-from fedmcmc.data.federated import FederatedData, buckets
+from fedmcmc.core.base import ClientData, Model, Rows
+from fedmcmc.data.federated import buckets
 
 Oracle = Callable[[Any, Any, ClientData], Any]
 
