@@ -56,7 +56,8 @@ def test_tutorial_commands_run_as_written(tmp_path):
     assert proc.stdout.strip() == "same samples: True", proc.stdout
     flower = json.loads((tmp_path / "runs/flower/results.json").read_text())
     assert flower["flower"]["engine"] == "deployment" and flower["flower"]["missing_replies"] == 0
-    # the Flower config's step is the one the simulator's "auto" chooses without whitening, as the tutorial says
-    cfg = tomllib.loads((tmp_path / "hospitals/hospitals.toml").read_text())
-    step = config.build({**cfg, "run": {**cfg["run"], "whiten": False}}, tmp_path / "hospitals").step
-    assert f"step_size = {step['value']:.4g} " in (tmp_path / "hospitals/hospitals-flower.toml").read_text()
+    # the deployment chose its step, whitening and starts from its own rounds: the simulator's "auto"
+    cfg = tomllib.loads((tmp_path / "hospitals/hospitals-flower.toml").read_text())
+    assert cfg["sampler"]["step_size"] == "auto" and "init" not in cfg["run"]
+    assert flower["step"]["value"] == config.build(cfg, tmp_path / "hospitals").step["value"]
+    assert flower["whitening"]["used"] is True and flower["flower"]["ask_rounds"] > 0

@@ -64,15 +64,12 @@ seed = 0
 SIMULATOR = dict(title="", step_size='"auto"                                    # from the curvature at the mode',
                  run="num_chains = 8\nnum_iterations = 250000\nburn_in = 10000\nthinning = 100")
 #: The same run's first rounds over Flower, where each node reads its own file: a deployment
-#: round costs seconds, not microseconds (docs/flower.md), and "auto" needs the federated mode,
-#: not yet computed as Flower rounds, so the step is the one "auto" chooses in the simulator
-#: without whitening (the nodes' data are not whitened either), and the chains start at zero
-#: (the simulator's default start, near the mode, needs it too).
+#: round costs seconds, not microseconds (docs/flower.md). The step, the whitening and the
+#: chains' starting points come from the federation's own rounds, as in the simulator.
 FLOWER = dict(title=": its first rounds over Flower\n#   fedmcmc flower deploy hospitals-flower.toml",
-              step_size="0.000517                                  # \"auto\" with [run] whiten = false",
+              step_size=SIMULATOR["step_size"],
               run="num_chains = 2\nnum_iterations = 4\nchunk_size = 2                                        "
-                  "# the server writes draws (and can resume) every 2 rounds\n"
-                  'init = "zeros"                                        # no mode over Flower yet: start at zero'
+                  "# the server writes draws (and can resume) every 2 rounds"
                   "\n\n[flower]\nround_timeout = 300")
 
 

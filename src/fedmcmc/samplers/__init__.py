@@ -14,8 +14,7 @@ registry:
   :attr:`Registered.auto_keys` from the same curvature, and estimates the rounds per independent
   draw from :attr:`Registered.round_time`;
 * ``[privacy]`` (:func:`fedmcmc.privacy.mechanisms.mapping`) interprets :attr:`Registered.privacy`;
-* a Flower run on node-local data refuses a pooled sampler and one whose builder takes the
-  federated ``mode`` (:func:`fedmcmc.app.flower.nodes.refused`);
+* a Flower run on node-local data refuses a pooled sampler (:func:`fedmcmc.app.flower.nodes.refused`);
 * the chain-scaling bench (:mod:`fedmcmc.app.bench.chains`) and the tests' catalogue run the
   example run of :attr:`Registered.example` and :attr:`Registered.problem`;
 * the conformance tests (``tests/core/test_conformance.py``) run every entry through both runtimes.
