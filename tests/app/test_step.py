@@ -45,8 +45,9 @@ def test_run_prints_and_records_the_chosen_step(tmp_path):
     step = json.loads((tmp_path / "out" / "results.json").read_text())["step"]
     assert set(step) >= {"value", "rule", "lambda_max", "rounds", "bits"} and "Thm S6" in step["rule"]
     assert f"step_size = auto: {step['value']:.4g}" in proc.stdout
-    # QLSD* needs the mode anyway (counted as theta_star): the step costs its power iterations only
-    assert step["bits"] == step["rounds"] * 2 * 4 * 32 * 3
+    # QLSD* needs the mode anyway (counted as theta_star): the step costs one round of the 4 clients'
+    # Hessians (3 parameters: their 6-number triangles up, theta down)
+    assert step["rounds"] == 1 and step["bits"] == 4 * 32 * (6 + 3)
     # whitened ([run] whiten = "auto"): the curvature the step sees is 1; the Hessian round is the
     # posterior check's, the whitening adds the broadcast of theta* and L (3 + 6 numbers to 4 clients)
     results = json.loads((tmp_path / "out" / "results.json").read_text())

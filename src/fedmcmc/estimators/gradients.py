@@ -449,6 +449,9 @@ FULL_HESSIAN_DIM = 200
 #: Newton's steps stop when the Newton decrement ``g' H^{-1} g`` (the squared distance to the
 #: mode in posterior standard deviations, under the Gaussian approximation) is below this.
 NEWTON_TOL = 1e-8
+#: Below this decrement Newton's full steps are taken without a trial round (Boyd and Vandenberghe,
+#: Convex Optimization, Section 9.5: the quadratically convergent phase).
+NEWTON_FULL_STEP = 0.1
 
 
 def find_mode(model: Model, data, theta0=None, max_rounds: int = 500, tol: float = 1e-4) -> ModeResult:
@@ -503,15 +506,17 @@ def _newton(fed, model: Model, theta, max_rounds: int) -> tuple[np.ndarray, int,
     up, ``theta`` down); the server adds the prior's and solves in float64 with the Hessian's
     eigenvalues made positive, ``H+ = V |Lambda| V'`` (a descent direction where ``H`` is indefinite,
     away from the mode), and halves the step until ``U`` decreases (each trial a round of values).
-    It stops when the Newton decrement ``g' H^{-1} g`` falls below :data:`NEWTON_TOL` with ``H``
-    positive definite, when no halving decreases ``U`` (float32's resolution of ``U`` is reached),
-    or after ``max_rounds``.
+    Once the Newton decrement ``g' H^{-1} g`` (the squared distance to the mode in posterior sds)
+    is below :data:`NEWTON_FULL_STEP` with ``H`` positive definite, it takes full steps without a
+    trial (the quadratic region, where they converge quadratically). It stops when the decrement
+    falls below :data:`NEWTON_TOL`, when a full step does not decrease it or no halving decreases
+    ``U`` (float32's resolution is reached), or after ``max_rounds``.
     """
     d, b = int(np.shape(theta)[0]), fed.num_clients
     prior = jax.jit(lambda t: (-model.log_prior(t), -jax.grad(model.log_prior)(t), -jax.hessian(model.log_prior)(t)))
     prior_value = jax.jit(lambda t: -model.log_prior(t))
     newton_bits, value_bits = b * 32 * (1 + 2 * d + d * (d + 1) // 2), b * 32 * (1 + d)
-    rounds, bits, last = 0, 0, None
+    rounds, bits, last, previous = 0, 0, None, None
     while rounds < max_rounds:
         values, grads, hessians = fed.ask("newton", theta)
         p_value, p_grad, p_hessian = prior(theta)
@@ -522,9 +527,15 @@ def _newton(fed, model: Model, theta, max_rounds: int) -> tuple[np.ndarray, int,
         lam, vec = np.linalg.eigh(0.5 * (h + h.T))
         size = np.maximum(np.abs(lam), 1e-12 * np.max(np.abs(lam)))
         step = vec @ ((vec.T @ g) / size)
-        if lam.min() > 0 and g @ step < NEWTON_TOL:
+        decrement = float(g @ step)
+        if lam.min() > 0 and decrement < NEWTON_TOL:
             break
-        t, moved = 1.0, False
+        if lam.min() > 0 and decrement < NEWTON_FULL_STEP:  # within the quadratic region: full steps, no trial
+            if previous is not None and decrement >= previous:
+                break  # no progress: float32's resolution of the gradients is reached
+            theta, previous = (np.asarray(theta, np.float64) - step).astype(np.float32), decrement
+            continue
+        previous, t, moved = None, 1.0, False
         while rounds < max_rounds and t > 1e-6:
             trial = (np.asarray(theta, np.float64) - t * step).astype(np.float32)
             trial_value = _summed(fed.ask("value", trial), prior_value(trial))
