@@ -13,7 +13,7 @@ images are dealt to b = 50 clients with per-class Dirichlet(``dirichlet_alpha``)
 (label skew; FEMNIST's clients are writers, a feature skew we cannot ship).
 Model: ``p(y = 1 | x, theta) = sigmoid(x . theta)``, prior N(0, ``prior_variance`` I).
 
-Samplers (all from the posterior mode, found by federated BFGS whose bits are reported and not
+Samplers (all from the posterior mode, found by the federated mode search whose bits are reported and not
 charged to any sampler, with the same number of chain iterations):
 
 - LSD++ (Algorithm S3) and QLSD++ (Algorithm 2) with s = 2^p for p in ``bits``, memory rate
