@@ -2,12 +2,12 @@
 
 The federated mode (:func:`fedmcmc.estimators.gradients.find_mode`, reused when the sampler
 already needs it) and the largest eigenvalue of the potential's Hessian there
-(:func:`fedmcmc.estimators.curvature.curvature`, one federated round per Hessian-vector
-product), and for a sampler whose registry entry names its clients' shares
+(:func:`fedmcmc.estimators.curvature.curvature`: one round of the clients' Hessians up to 200
+parameters, else one federated round per Hessian-vector product), and for a sampler whose registry entry names its clients' shares
 (:attr:`fedmcmc.samplers.Registered.shares`) the clients' heterogeneity there
 (:func:`fedmcmc.estimators.curvature.heterogeneity`, one round), and for control variates
 (:attr:`~fedmcmc.samplers.Registered.control_points`: QLSD*, QLSD++) with minibatches their
-minibatch noise (:func:`fedmcmc.estimators.curvature.minibatch_noise`, a power iteration), and for
+minibatch noise (:func:`fedmcmc.estimators.curvature.minibatch_noise`, likewise), and for
 CG-DSGLD the curvature of its visits with the conducive term, from its surrogates fitted at the mode
 (:func:`fedmcmc.estimators.conducive.visit_curvature`; with ``surrogate_step_size = "auto"``, set
 from the step, Taylor surrogates stand in for the SGLD ones), feed

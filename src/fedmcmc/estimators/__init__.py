@@ -4,7 +4,10 @@ the Gaussian surrogates of its density.
 * :mod:`~fedmcmc.estimators.gradients` -- oracles ``oracle(key, theta, client_data)``:
   :func:`minibatch_gradient`, :func:`control_variate_gradient` (QLSD*); a
   :class:`GradientEstimator` ``(init, estimate)`` carries a per-client state, and
-  :func:`stateless` makes one of an oracle; :func:`find_mode` runs federated gradient descent.
+  :func:`stateless` makes one of an oracle; :func:`find_mode` finds the federated mode by Newton's
+  or L-BFGS rounds.
+* :mod:`~fedmcmc.estimators.federation` -- the clients as the server's estimators reach them:
+  named computations on each client's rows (``federation.Local`` in the simulator, the nodes over Flower).
 * :mod:`~fedmcmc.estimators.svrg` -- the SVRG estimator of QLSD++ (``svrg.svrg``).
 * :mod:`~fedmcmc.estimators.stochastic` -- a client's gradient bound to its data
   (:class:`StochasticGradient`) and the :func:`gaussian_noise` wrapper (FA-HMC's noisy gradients).
@@ -14,7 +17,8 @@ the Gaussian surrogates of its density.
 * :mod:`~fedmcmc.estimators.surrogates` -- Gaussian surrogates of a client's density for
   CG-DSGLD: :func:`taylor`, :func:`laplace`, :func:`sgld_moments`.
 * :mod:`~fedmcmc.estimators.curvature` -- the extreme eigenvalues of the potential's Hessian at
-  the mode by federated power iteration (``curvature.curvature``; ``step_size = "auto"``).
+  the mode, from one round of the clients' Hessians or by federated power iteration
+  (``curvature.curvature``; ``step_size = "auto"``).
 * :mod:`~fedmcmc.estimators.approximation` -- the Laplace approximation at the federated mode, each
   client's Hessian uploaded once (``approximation.laplace_approximation``; the posterior check and
   the chains' dispersed starts).

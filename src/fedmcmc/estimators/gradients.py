@@ -70,8 +70,9 @@ def weighted_potential_grad(model: Model, theta, x, weights):
 
 def potential(model: Model, rows: Rows) -> Callable:
     """``theta -> U(theta) = -sum_c sum_j log p(x_cj | theta) - log prior(theta)`` over packed
-    ``rows`` (every client's real rows, the padding weighted 0; the prior once): the sum the server
-    forms of the clients' replies, for the mode, the curvature and the Laplace approximation."""
+    ``rows`` (every client's real rows, the padding weighted 0; the prior once): the pooled
+    potential, a reference for checks (the estimators ask each client instead,
+    :mod:`fedmcmc.estimators.federation`)."""
     weights = row_weights(rows)
 
     def u(theta):
