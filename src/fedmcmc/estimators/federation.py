@@ -167,14 +167,16 @@ class Local:
 
     def __init__(self, model: Model, data):
         self.model, self.data, self.num_clients, self.counts = model, data, data.num_clients, data.counts
-        self.rows = jax.tree_util.tree_map(jnp.asarray, data.rows())
-        self.index = jnp.arange(self.num_clients, dtype=jnp.int32)
+        self.rows = None  # on the first ask: a run that asks nothing copies no rows
         self.programs: dict[str, Callable] = {}
 
     def ask(self, name: str, *args):
+        if self.rows is None:
+            self.rows = jax.tree_util.tree_map(jnp.asarray, self.data.rows())
         if name not in self.programs:
             self.programs[name] = program(self.model, name)
-        return jax.tree_util.tree_map(np.asarray, self.programs[name](self.rows, as_arguments(args), self.index))
+        index = jnp.arange(self.num_clients, dtype=jnp.int32)
+        return jax.tree_util.tree_map(np.asarray, self.programs[name](self.rows, as_arguments(args), index))
 
     def client(self, i: int):
         """Client ``i``'s data (the local fits of CG-DSGLD's surrogates, in this process only)."""
