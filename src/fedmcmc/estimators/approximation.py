@@ -73,7 +73,7 @@ def laplace_approximation(model: Model, data, mode: ModeResult, full_dim: int = 
     positive definite there: the potential is flat or concave in some direction at the point
     found, which is then not a mode (an improper posterior, or a search that stopped early).
     """
-    from fedmcmc.estimators.federation import federation
+    from fedmcmc.estimators.federation import federation, hessian_diagonal
 
     fed = federation(model, data)
     d, b = int(model.dim), fed.num_clients
@@ -90,9 +90,8 @@ def laplace_approximation(model: Model, data, mode: ModeResult, full_dim: int = 
         cov = np.linalg.inv(h)
         sd, upload = np.sqrt(np.diag(cov)), d * (d + 1) // 2
     else:
-        grad = jax.grad(model.log_prior)
-        prior = jax.jit(lambda t: jax.vmap(lambda e: jnp.vdot(e, jax.jvp(grad, (t,), (e,))[1]))(jnp.eye(d)))
-        h = _summed(fed.ask("hessian_diag", theta), -np.asarray(prior(theta), np.float64))
+        prior = np.asarray(jax.jit(lambda t: hessian_diagonal(model.log_prior, t))(theta), np.float64)
+        h = _summed(fed.ask("hessian_diag", theta), -prior)
         if not np.all(np.isfinite(h)) or h.min() <= 0:
             raise NotPositiveDefinite("the potential's curvature at the mode is not positive in every coordinate: "
                                       "the point found is not a strict mode")

@@ -59,9 +59,14 @@ def _hessian(model, x, w, c, theta):
     return jax.hessian(_potential(model, x, w))(theta)
 
 
-def _hessian_diag(model, x, w, c, theta):
-    grad = jax.grad(_potential(model, x, w))
+def hessian_diagonal(f: Callable, theta):
+    """``diag nabla^2 f(theta)`` from ``d`` Hessian-vector products (no ``d x d`` matrix kept)."""
+    grad = jax.grad(f)
     return jax.vmap(lambda e: jnp.vdot(e, jax.jvp(grad, (theta,), (e,))[1]))(jnp.eye(theta.shape[0], dtype=theta.dtype))
+
+
+def _hessian_diag(model, x, w, c, theta):
+    return hessian_diagonal(_potential(model, x, w), theta)
 
 
 def _drift(model, x, w, c, theta, shares, metric):
@@ -126,18 +131,14 @@ def program(model: Model, name: str) -> Callable:
     """``(rows, args, index) -> answers``: computation ``name`` of each client ``index`` (an int32
     ``[w]``) at ``args`` on its rows of ``rows``, every bucket's clients at once (jitted). The
     answers' leading axis is the batch's."""
-    from fedmcmc.estimators.gradients import _in_batch_order, row_weights
+    from fedmcmc.estimators.gradients import _in_batch_order, bucket_rows
 
     fn = COMPUTATIONS[name]
 
     def run(rows: Rows, args, index):
-        weights, order, parts, row, first = row_weights(rows), jnp.asarray(rows.order), [], 0, 0
-        for m, width in rows.buckets:
-            xs = jax.tree_util.tree_map(lambda a: a[row:row + m * width].reshape((m, width) + a.shape[1:]), rows.x)
-            w = weights[row:row + m * width].reshape(m, width)
-            parts.append(jax.vmap(lambda x_c, w_c, c: fn(model, x_c, w_c, c, *args))(xs, w, order[first:first + m]))
-            row, first = row + m * width, first + m
-        return _in_batch_order(parts, order, index)
+        parts = [jax.vmap(lambda x_c, w_c, c: fn(model, x_c, w_c, c, *args))(xs, w, clients)
+                 for xs, w, clients in bucket_rows(rows)]
+        return _in_batch_order(parts, jnp.asarray(rows.order), index)
 
     return jax.jit(run)
 

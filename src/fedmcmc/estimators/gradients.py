@@ -88,6 +88,16 @@ def row_weights(rows: Rows, index=None):
     return ((owner >= 0) if index is None else (owner == index)).astype(jnp.float32)
 
 
+def bucket_rows(rows: Rows):
+    """Each bucket of ``rows`` as ``(x, w, clients)``: its points ``[m, width, ...]``, their weights
+    (1 on real rows, 0 on padding) ``[m, width]`` and its ``m`` clients (their indices)."""
+    weights, order, row, first = row_weights(rows), jnp.asarray(rows.order), 0, 0
+    for m, width in rows.buckets:
+        xs = jax.tree_util.tree_map(lambda a: a[row:row + m * width].reshape((m, width) + a.shape[1:]), rows.x)
+        yield xs, weights[row:row + m * width].reshape(m, width), order[first:first + m]
+        row, first = row + m * width, first + m
+
+
 def _client_buckets(model: Model, theta, theta_batched: bool, index, rows: Rows):
     """``grad U_i`` of the clients ``index`` (a batch), bucket by bucket: each bucket's clients
     at once on their own rows, at their ``theta`` (one for all if not ``theta_batched``; a
@@ -96,16 +106,13 @@ def _client_buckets(model: Model, theta, theta_batched: bool, index, rows: Rows)
     order = jnp.asarray(rows.order)
     if theta_batched:
         per_client = jax.tree_util.tree_map(lambda t: jnp.zeros((b,) + t.shape[1:], t.dtype).at[index].set(t), theta)
-    weights, grads, row, first = row_weights(rows), [], 0, 0
-    for m, width in rows.buckets:
-        xs = jax.tree_util.tree_map(lambda a: a[row:row + m * width].reshape((m, width) + a.shape[1:]), rows.x)
-        w = weights[row:row + m * width].reshape(m, width)
+    grads = []
+    for xs, w, clients in bucket_rows(rows):
         if theta_batched:
-            at = jax.tree_util.tree_map(lambda t: t[order[first:first + m]], per_client)
+            at = jax.tree_util.tree_map(lambda t: t[clients], per_client)
             grads.append(jax.vmap(partial(weighted_potential_grad, model))(at, xs, w))
         else:
             grads.append(jax.vmap(partial(weighted_potential_grad, model, theta))(xs, w))
-        row, first = row + m * width, first + m
     return _in_batch_order(grads, order, index)
 
 

@@ -6,7 +6,7 @@ simulator runs (the federated mode, the curvature of ``step_size = "auto"``, the
 the minibatch noise, the Laplace approximation of the starting points, the whitening and the
 posterior check) against :class:`Remote`: each of their rounds is an ``ask`` message to every node
 (:data:`fedmcmc.estimators.federation.COMPUTATIONS`: a name and the broadcast arrays), which
-:func:`answer` computes on the node's own rows with the simulator's program
+:meth:`Node.answer` computes on the node's own rows with the simulator's program
 (:func:`fedmcmc.estimators.federation.program`, ``b`` copies of itself under ``[flower] exact``), so
 that every number is the simulator's, bit for bit. The nodes then receive what their own build of
 the run needs (:func:`known`: the mode, the step's record, the whitening), and nothing of another
@@ -65,30 +65,31 @@ class Refused:
                            "(the mode, the step) did not reach it; restart the run")
 
 
-_PROGRAMS: dict[tuple, dict] = {}
+class Node:
+    """A node's side of the asks: its model and its own rows (``own``, a ``ClientData`` of one
+    client in the run's layout, put on the device once), answered in a batch of ``width`` copies
+    of itself (the simulator's batch of ``b`` under ``[flower] exact``), the programs compiled once."""
 
+    def __init__(self, model, own, width: int):
+        import jax
+        import jax.numpy as jnp
 
-def answer(model, own, width: int, key: tuple, m: dict) -> dict:
-    """A node's answer to an ``ask``: computation ``m["name"]`` at ``m["args"]`` on its own rows
-    (``own``, a ``ClientData`` of one client in the run's layout), in a batch of ``width`` copies
-    of itself (the simulator's batch of ``b`` under ``[flower] exact``); ``key`` names the run and
-    the node (its compiled programs are kept per key)."""
-    import jax
-    import jax.numpy as jnp
+        self.model, self.programs = model, {}
+        self.rows = jax.tree_util.tree_map(jnp.asarray, own.rows)
+        self.index = jnp.full((width,), int(np.asarray(own.index).reshape(-1)[0]), jnp.int32)
 
-    name = str(m["name"])
-    if name not in federation_lib.COMPUTATIONS:
-        raise ValueError(f"unknown computation {name!r}")
-    programs = _PROGRAMS.setdefault(key, {})
-    if len(_PROGRAMS) > 8:
-        _PROGRAMS.pop(next(iter(_PROGRAMS)))
-    if name not in programs:
-        programs[name] = federation_lib.program(model, name)
-    rows = jax.tree_util.tree_map(jnp.asarray, own.rows)
-    index = jnp.full((width,), int(np.asarray(own.index).reshape(-1)[0]), jnp.int32)
-    out = programs[name](rows, federation_lib.as_arguments(m["args"]), index)
-    rows = [np.asarray(np.asarray(a)[0]) for a in jax.tree_util.tree_leaves(out)]
-    return {"answer": rows, "shapes": [list(a.shape) for a in rows]}  # Flower's arrays have at least one axis
+    def answer(self, m: dict) -> dict:
+        """The answer to an ``ask``: computation ``m["name"]`` at ``m["args"]`` on the node's rows."""
+        import jax
+
+        name = str(m["name"])
+        if name not in federation_lib.COMPUTATIONS:
+            raise ValueError(f"unknown computation {name!r}")
+        if name not in self.programs:
+            self.programs[name] = federation_lib.program(self.model, name)
+        out = self.programs[name](self.rows, federation_lib.as_arguments(m["args"]), self.index)
+        rows = [np.asarray(np.asarray(a)[0]) for a in jax.tree_util.tree_leaves(out)]
+        return {"answer": rows, "shapes": [list(a.shape) for a in rows]}  # Flower's arrays have at least one axis
 
 
 def _mode_to_json(mode: ModeResult | None):

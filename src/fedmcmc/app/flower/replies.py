@@ -102,7 +102,7 @@ def answer(m: dict, text: str, index: int, node: NodeView, store: dict) -> tuple
 
 
 def _ask(m: dict, text: str, index: int, node: NodeView, store: dict) -> dict:
-    """A ``[data]`` node's answer to an ``ask`` of the server's estimators (:func:`fedmcmc.app.flower.asks.answer`)
+    """A ``[data]`` node's answer to an ``ask`` of the server's estimators (:class:`fedmcmc.app.flower.asks.Node`)
     on its own training rows, scaled as the run's inputs say."""
     from fedmcmc.app.flower import asks
 
@@ -111,16 +111,16 @@ def _ask(m: dict, text: str, index: int, node: NodeView, store: dict) -> dict:
         raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
     cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
     key = (client.config_hash(text), index, store["inputs"])
-    if key not in _OWN:
+    if key not in _ASKED:
         train, _ = nodes.node_local(text, index, node)
-        _OWN[key] = (inputs.model_from_config(cfg, info, nodes.base_dir(node)), nodes.own_data(train, index, info))
-        if len(_OWN) > 8:
-            _OWN.pop(next(iter(_OWN)))
-    model, own = _OWN[key]
-    return asks.answer(model, own, len(info.clients) if _exact(cfg) else 1, key, m)
+        _ASKED[key] = asks.Node(inputs.model_from_config(cfg, info, nodes.base_dir(node)),
+                                nodes.own_data(train, index, info), len(info.clients) if _exact(cfg) else 1)
+        if len(_ASKED) > 8:
+            _ASKED.pop(next(iter(_ASKED)))
+    return _ASKED[key].answer(m)
 
 
-_OWN: dict[tuple, tuple] = {}  # a [data] node's model and own rows, per run
+_ASKED: dict[tuple, object] = {}  # a [data] node's side of the asks, per run
 
 
 def _exact(cfg: dict) -> bool:
