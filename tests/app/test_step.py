@@ -300,3 +300,33 @@ def test_whitening_refusals_are_one_line(change, message):
     with pytest.raises(config.ConfigError, match=message) as err:
         whiten.setting(cfg)
     assert "\n" not in str(err.value)
+
+
+FA_HMC_LAW = 'num_leapfrog = "auto"\nlocal_steps = 1\nclock = "trajectory"\ncorrelation = 1.0'
+
+
+def test_fa_hmc_chooses_its_trajectory_from_the_exact_law_of_its_round():
+    """``num_leapfrog = "auto"``: the step and K of :func:`fedmcmc.samplers.fa_hmc_law.choose` on the
+    clients' Hessians and gradients at the mode (the rounds the step asks anyway), in the record and
+    the expected ESS, and printed."""
+    from fedmcmc.app import auto_step
+    from fedmcmc.samplers import steps
+
+    text = CONFIG.format(sampler="fa-hmc", extra=FA_HMC_LAW).replace("num_iterations = 400", "num_iterations = 2000")
+    built = config.build(tomllib.loads(text))
+    step = built.step
+    assert isinstance(step["num_leapfrog"], int) and step["num_leapfrog"] >= 1
+    low, high = step["law"]["sd_ratios"]
+    assert 1 / (1 + steps.STD_INFLATION) <= low <= high <= 1 + steps.STD_INFLATION
+    assert step["law"]["mean_offset_sds"] <= steps.MEAN_OFFSET
+    assert step["rounds_per_draw"] == pytest.approx(step["law"]["autocorrelation_rounds"] / 2)
+    assert "fa_hmc_law" in step["rule"] and f"num_leapfrog = {step['num_leapfrog']}" in auto_step.describe(step)
+
+
+@pytest.mark.parametrize("extra, why", [
+    ('num_leapfrog = "auto"\nlocal_steps = 1\nclock = "leapfrog"', 'clock = "trajectory"'),
+    ('num_leapfrog = "auto"\nlocal_steps = 1\nclock = "trajectory"\nbatch_fraction = 0.5', "full batches"),
+])
+def test_the_exact_law_trajectory_is_refused_where_the_law_does_not_hold(extra, why):
+    with pytest.raises(ValueError, match=why):  # the CLI's one line and exit code 2
+        config.build(tomllib.loads(CONFIG.format(sampler="fa-hmc", extra=extra)))

@@ -71,6 +71,10 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None, whitened
     setting = Setting(found.lambda_max, found.lambda_min, args, counts, int(model.dim),
                       *((pull.drift, pull.spread) if pull else (None, None)),
                       visit=None if visit is None else (visit.top, visit.low))
+    if args.get("num_leapfrog") == "auto" and found.hessians is not None and pull is not None:
+        clients, prior = found.hessians  # the local potentials f_c = U_0 + U_c / w_c
+        share = np.asarray(args[shares], np.float64)
+        setting = setting._replace(local=(prior + clients / share[:, None, None], pull.gradients))
     weights, noise = noise_weights(name, setting), None
     if weights is not None and (whitened or model.dim <= approximation.FULL_DIM):
         cov = None
@@ -82,14 +86,15 @@ def auto_step(seed: int, name: str, args: dict, model, data, mode=None, whitened
                                               weights, cov, max_rounds=MAX_ROUNDS_SMALLEST, tol=TOL)
         rounds, bits = rounds + noise.rounds, bits + noise.bits_up + noise.bits_down
         setting = setting._replace(noise=noise.lambda_max)
-    value, formula = rule_step(name, setting)
-    per_draw = rounds_per_draw(name, setting, value)
+    value, formula, *more = rule_step(name, setting)
+    extra = more[0] if more else {}
+    per_draw = extra.pop("rounds_per_draw", None) or rounds_per_draw(name, setting, value)
     record = {"value": np.asarray(value).tolist(), "rule": formula, "lambda_max": found.lambda_max,
               "lambda_min": found.lambda_min, "converged": found.converged and (noise is None or noise.converged),
               "rounds": rounds, "bits": bits, **({"drift": pull.drift, "spread": pull.spread} if pull else {}),
               **({"minibatch_noise": noise.lambda_max} if noise else {}),
               **({"visit_curvature": float(visit.top.max())} if visit is not None else {}),
-              **({"rounds_per_draw": per_draw} if per_draw else {})}
+              **({"rounds_per_draw": per_draw} if per_draw else {}), **extra}
     return value, record, mode
 
 
@@ -154,5 +159,6 @@ def describe(record: dict) -> str:
     """One line for the terminal."""
     value = record["value"]
     shown = f"{value:.4g}" if isinstance(value, float) else "[" + ", ".join(f"{v:.4g}" for v in value) + "]"
-    return (f"step_size = auto: {shown} by {record['rule']}, lambda_max = {record['lambda_max']:.4g} "
+    chosen = f", num_leapfrog = {record['num_leapfrog']}" if "num_leapfrog" in record else ""
+    return (f"step_size = auto: {shown}{chosen} by {record['rule']}, lambda_max = {record['lambda_max']:.4g} "
             f"({record['rounds']} rounds, {record['bits']} bits)")

@@ -30,7 +30,7 @@ with each client's ``sum_j H_j S H_j``.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +56,9 @@ class Curvature(NamedTuple):
         Federated rounds: one Hessian-vector product each.
     bits_up, bits_down
         ``32 d b`` bits per round each way (every client returns ``H_c v``, receives ``v``).
+    hessians
+        From the one round of Hessians: ``([b, d, d] H_c, [d, d] H_0)``, the clients' likelihood
+        Hessians and the prior's; None from the power iterations.
     """
 
     lambda_max: float
@@ -64,6 +67,7 @@ class Curvature(NamedTuple):
     rounds: int
     bits_up: int
     bits_down: int
+    hessians: tuple | None = None
 
 
 def federated_hvp(model: Model, data, theta) -> Callable:
@@ -149,13 +153,15 @@ def _exact(model: Model, data, theta, smallest: bool) -> Curvature:
     from fedmcmc.estimators.federation import federation
 
     fed, theta, d = federation(model, data), np.asarray(theta, np.float32), int(model.dim)
-    h = _summed(fed.ask("hessian", theta), -np.asarray(jax.jit(jax.hessian(model.log_prior))(theta), np.float64))
+    clients = np.asarray(fed.ask("hessian", theta), np.float64)
+    prior = -np.asarray(jax.jit(jax.hessian(model.log_prior))(theta), np.float64)
+    h = _summed(clients, prior)
     if not np.all(np.isfinite(h)):
         raise ValueError("the Hessian at the mode is not finite; is the mode finite?")
     eig = np.linalg.eigvalsh(0.5 * (h + h.T))
     b = fed.num_clients
     return Curvature(float(eig[-1]), float(eig[0]) if smallest else None, True, 1, b * 32 * d * (d + 1) // 2,
-                     b * 32 * d)
+                     b * 32 * d, (clients, prior))
 
 
 class Heterogeneity(NamedTuple):
@@ -175,6 +181,8 @@ class Heterogeneity(NamedTuple):
         probabilities ``s_c``, at the mode.
     rounds, bits_up, bits_down
         One round: every client uploads ``g_c`` and ``A_c g_c`` (``2 x 32 d`` bits) and receives theta.
+    gradients
+        ``[b, d]``: the ``g_c``.
     """
 
     drift: float
@@ -182,6 +190,7 @@ class Heterogeneity(NamedTuple):
     rounds: int
     bits_up: int
     bits_down: int
+    gradients: Any = None
 
 
 def heterogeneity(model: Model, data, theta, shares) -> Heterogeneity:
@@ -201,7 +210,7 @@ def heterogeneity(model: Model, data, theta, shares) -> Heterogeneity:
     scaled = np.sqrt(shares)[:, None] * g
     small = scaled @ scaled.T if scaled.shape[0] <= scaled.shape[1] else scaled.T @ scaled
     bits = fed.num_clients * 32 * d
-    return Heterogeneity(drift, float(np.linalg.eigvalsh(small)[-1]), 1, 2 * bits, bits)
+    return Heterogeneity(drift, float(np.linalg.eigvalsh(small)[-1]), 1, 2 * bits, bits, g)
 
 
 class MinibatchNoise(NamedTuple):

@@ -184,7 +184,7 @@ REGISTRY: dict[str, Registered] = {
     "fa-hmc": Registered(fa_hmc, "federated averaging of local SG-HMC (Liang et al. 2024, Alg. 3; "
                                  "debiased: Alg. B.2)",
                          step=steps._fa_hmc, shares="weights", round_time=steps._leapfrog_time,
-                         auto_keys={"step_decay": steps.step_decay},
+                         auto_keys={"step_decay": steps.step_decay, "num_leapfrog": steps.chosen("num_leapfrog")},
                          privacy=_HIDDEN + " (FA-LD with local_steps = 1 is accounted)",
                          example={"step_size": 1e-2, "num_leapfrog": 3, "local_steps": 2, **_BATCH,
                                   "clock": "leapfrog"},

@@ -69,6 +69,12 @@ client ``i``'s participation probability, ``omega_i`` its compressor's variance 
   quantities, ``(K eta)^2 <= C eps^2 / (d T^2 (1 - rho) N)`` (Proposition 4.3, ``C`` unknown),
   also shrinks the step with the steps per round; its proofs' ``K eta <= 1 / sqrt(L)`` is a
   contraction condition, which the rule does not impose.
+* FA-HMC with ``num_leapfrog = "auto"``: no bound; the step and the trajectory length ``K`` whose
+  round forgets its state fastest among those whose exact stationary law on the clients' Laplace
+  approximations (the clients' Hessians and gradients at the mode: the rounds above, nothing more)
+  keeps every linear combination's sd within :data:`STD_INFLATION` and its mean within
+  :data:`MEAN_OFFSET` sd (:mod:`fedmcmc.samplers.fa_hmc_law`; trajectory clock, full batches,
+  uncompressed, full participation, up to 200 parameters).
 * DSGLD and CG-DSGLD (Ahn et al. 2014; El Mekkaoui et al. 2021): the local step is ``h / 2``
   on the shard's potential ``-log p - (1 / f_s) log p(x_s | theta)``, whose curvature is about
   ``(w_s / f_s) L``, with minibatch noise ``kappa_s = (N_s / m_s - 1) w_s / f_s^2``:
@@ -162,7 +168,9 @@ class Setting(NamedTuple):
     (:func:`fedmcmc.estimators.curvature.minibatch_noise` with :func:`noise_weights`), None when not
     measured; ``visit`` is CG-DSGLD's ``(lambda_max, lambda_min)`` per shard of its visits' potential
     with the conducive term (:func:`fedmcmc.estimators.conducive.visit_curvature`), None when not
-    measured.
+    measured; ``local`` is ``([b, d, d] A_c, [b, d] g_c)``, the Hessians and gradients at the mode
+    of the clients' local potentials ``f_c = U_0 + U_c / s_c`` (FA-HMC's ``num_leapfrog = "auto"``,
+    :mod:`fedmcmc.samplers.fa_hmc_law`), None when not measured.
     """
 
     lambda_max: float
@@ -174,6 +182,7 @@ class Setting(NamedTuple):
     spread: float | None = None
     noise: float | None = None
     visit: tuple | None = None
+    local: tuple | None = None
 
 
 def _omega(s: Setting) -> np.ndarray:
@@ -271,7 +280,9 @@ def _in_sds(s: Setting) -> float | None:
     return float(1.0 / np.sqrt(s.lambda_min))
 
 
-def _fa_hmc(s: Setting) -> tuple[float, str]:
+def _fa_hmc(s: Setting) -> tuple:
+    if s.args.get("num_leapfrog") == "auto":
+        return _fa_hmc_law(s)
     k = int(s.args.get("num_leapfrog", 1))
     steps = steps_per_round(k, int(s.args["local_steps"]), s.args.get("clock", "leapfrog"))
     sigma = float(s.args.get("gradient_noise", 0.0))
@@ -286,6 +297,46 @@ def _fa_hmc(s: Setting) -> tuple[float, str]:
         if drifted < eta:
             return drifted, "sqrt(D sqrt(m) / (|b| (1/12 + (n - 1)/4))) / min(K, S) (client drift)"
     return eta, rule
+
+
+def _fa_hmc_law(s: Setting) -> tuple[float, str, dict]:
+    """FA-HMC's ``num_leapfrog = "auto"``: the step and trajectory length from the exact law of a round
+    on the clients' Laplace approximations (:func:`fedmcmc.samplers.fa_hmc_law.choose`)."""
+    from fedmcmc.samplers import fa_hmc_law
+
+    why = [text for bad, text in (
+        (s.args.get("clock", "leapfrog") != "trajectory", 'clock = "trajectory" (a round of whole trajectories)'),
+        (np.any(_batch(s) < s.counts), "full batches (no batch_size or batch_fraction)"),
+        (np.any(_omega(s) > 0), "uncompressed uploads (no compression)"),
+        (np.any(_probs(s) < 1), "full participation"),
+        (float(s.args.get("gradient_noise", 0.0)) > 0, "exact gradients (no gradient_noise)"),
+        (s.args.get("debiased", False), "debiased = false"),
+        (s.args.get("step_decay") is not None, "a constant step (no step_decay)"),
+        (s.dim > _full_dim(), f"the clients' Hessians at the mode, which one round gives up to "
+                              f"{_full_dim()} parameters (this model has {s.dim})")) if bad]
+    if why:
+        raise ValueError('num_leapfrog = "auto" chooses the trajectory from the exact law of a round on the '
+                         f"clients' Laplace approximations, which holds for {'; '.join(why)}; give num_leapfrog "
+                         "(a number) instead")
+    if s.local is None:  # checked before the rounds that measure it
+        return float("nan"), "", {}
+    hessians, gradients = s.local
+    weights = np.asarray(s.args["weights"], np.float64)
+    choice = fa_hmc_law.choose(hessians, gradients, weights, int(s.args["local_steps"]),
+                               float(s.args.get("correlation", 0.0)))
+    law = choice.law
+    return (choice.step_size,
+            f"the fastest-forgetting (eta, K) whose round's exact law on the Laplace approximation keeps sds within "
+            f"{STD_INFLATION:.0%} and the mean within {MEAN_OFFSET:g} sd (fedmcmc.samplers.fa_hmc_law)",
+            {"num_leapfrog": choice.num_leapfrog, "rounds_per_draw": law.autocorrelation_time / 2,
+             "law": {"sd_ratios": list(law.sd_ratios), "mean_offset_sds": law.mean_offset,
+                     "autocorrelation_rounds": law.autocorrelation_time}})
+
+
+def _full_dim() -> int:
+    from fedmcmc.estimators.gradients import FULL_HESSIAN_DIM
+
+    return FULL_HESSIAN_DIM
 
 
 def _dsgld(s: Setting) -> tuple[float, str]:
@@ -354,6 +405,11 @@ def of_lambda_max(rule):
     """An automatic key's rule (:attr:`fedmcmc.samplers.Registered.auto_keys`) from a function of
     ``lambda_max`` alone."""
     return lambda record, args: rule(record["lambda_max"])
+
+
+def chosen(key: str):
+    """An automatic key that the step's rule chose with the step (its record's ``key``)."""
+    return lambda record, args: record[key]
 
 
 def _dg_sgld(s: Setting) -> tuple[np.ndarray, str]:
@@ -428,7 +484,8 @@ def rounds_per_draw(name: str, setting: Setting, step) -> float | None:
 
 def auto_step(name: str, setting: Setting) -> tuple:
     """The step of registered sampler ``name`` by its rule (:attr:`fedmcmc.samplers.Registered.step`):
-    ``(step, formula)``; a sampler without one is refused in one line."""
+    ``(step, formula)``, or ``(step, formula, extra)`` where the rule also chose other settings
+    (``extra`` goes into the step's record); a sampler without one is refused in one line."""
     from fedmcmc.samplers import REGISTRY  # the registry holds the rules of this module
 
     rule = REGISTRY[name].step
