@@ -50,7 +50,7 @@ def criteria(draws: np.ndarray, ref: np.ndarray) -> dict:
     """``{"max_rhat", "min_ess", "max_sd_deviation", "w1_over_sd", "met"}`` of ``[chains, draws, d]``."""
     import arviz as az
 
-    table = az.summary(az.from_dict(posterior={"x": draws}), kind="diagnostics")
+    table = az.summary(az.from_dict(posterior={"x": draws}), kind="diagnostics", round_to="none")
     pooled = ref.reshape(-1, ref.shape[-1])
     deviation = float(np.max(np.abs(draws.reshape(-1, draws.shape[-1]).std(0) / pooled.std(0) - 1)))
     out = {"max_rhat": float(table["r_hat"].max()), "min_ess": float(table["ess_bulk"].min()),

@@ -1,5 +1,6 @@
 """Command line: ``fedmcmc list | reproduce NAME | run CONFIG.toml | predict RUN_DIR DATA.csv |
-example NAME DIR | flower sim|deploy CONFIG.toml | node-worker FOLDER | bench``.
+example NAME DIR | flower sim|deploy CONFIG.toml | supernode [--idle-poll S] ARGS | node-worker FOLDER |
+bench``.
 
 Exit codes: 0, finished; 2, input refused, with one line on stderr that names the problem and
 the fix; 3, the run failed before finishing (it diverged to NaN/inf, or a worker process died or
@@ -59,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--clients", type=int, default=None, help="number of clients (SuperNodes); default: the config's")
     f.add_argument("--out", type=Path, default=None, help="output folder (default results/CONFIG-NAME-flower-ENGINE)")
     _folder_options(f, "continue a run whose server stopped, in the same --out")
+    sub.add_parser("supernode", help="Flower's flower-supernode (all its arguments) with a 0.2 s idle poll "
+                   "instead of its 3 s (--idle-poll S; docs/flower.md)", add_help=False)
     w = sub.add_parser("node-worker", help="keep a SuperNode's fedmcmc work in one long-lived process (docs/flower.md)")
     w.add_argument("folder", type=Path, help="the folder the SuperNode's node config names as `worker`")
     w.add_argument("--idle", type=float, default=3600.0, help="exit after this many seconds without a message "
@@ -181,6 +184,11 @@ def _main(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["supernode"]:  # every other argument is flower-supernode's
+        from fedmcmc.app.flower import supernode
+
+        return supernode.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command in ("flower", "node-worker"):  # one JAX per node process: on a GPU each would take most of its memory
         os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -183,7 +183,7 @@ class LocalDeployment:
                 self.register(public)
         for i in range(0 if self.simulation else self.n):
             key = ["--auth-supernode-private-key", str(self.auth_keys[i][0])] if self.auth_keys else []
-            self.node_args[i] = [sys.executable, "-m", "fedmcmc.app.flower.supernode", *node_security, *key, "--superlink",
+            self.node_args[i] = [sys.executable, "-m", "fedmcmc", "supernode", *node_security, *key, "--superlink",
                                  f"127.0.0.1:{self.port}", "--port", str(free_port())]
             self._start_node(i, self.node_config.get(i, {}))
         return self
