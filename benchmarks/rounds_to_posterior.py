@@ -9,7 +9,8 @@ The problems are ``hospitals`` and ``banks`` of ``benchmarks/auto_step.py`` (eac
 file; the reference is that script's NUTS run). Every run has ``CHAINS`` chains started around the
 mode (``[run] init``'s default) and whitened at the mode; a run of ``R`` rounds drops the first
 ``R / 8`` and keeps every ``R / KEEP``-th round after them. ``R`` doubles from ``FIRST`` until the
-criteria are met, a run refuses or diverges, or ``R`` passes ``LAST`` (then the cell says so).
+criteria are met, a run refuses or diverges, ``R`` passes ``LAST``, or the next run would take more
+than ``BUDGET`` seconds (twice the last; then the cell says how far the last run got).
 
     PYTHONPATH=src python benchmarks/rounds_to_posterior.py OUT_DIR [--problems P ...] [--samplers S ...]
 
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import auto_step
-from fedmcmc.app import config
+from fedmcmc.app import config, tables
 from fedmcmc.runtime import io, provenance
 
 PROBLEMS = ("hospitals", "banks")
@@ -44,6 +45,8 @@ SAMPLERS = {
 }
 CHAINS, KEEP, FIRST, LAST = 32, 1024, 128, 2**18
 RHAT, ESS, SD = 1.01, 400, 0.10
+#: Seconds the next run of a sampler may take (estimated as twice its last).
+BUDGET = 300
 
 
 def criteria(draws: np.ndarray, ref: np.ndarray) -> dict:
@@ -101,7 +104,7 @@ def main() -> None:
                 shown = result.get("refused") or ", ".join(f"{k} {result[k]:.3g}" for k in
                                                            ("max_rhat", "min_ess", "max_sd_deviation", "seconds"))
                 print(f"{problem} {label} {rounds}: {shown}", flush=True)
-                if "refused" in result or result["met"]:
+                if "refused" in result or result["met"] or 2 * result["seconds"] > BUDGET:
                     break
                 rounds *= 2
             records.setdefault(problem, {})[label] = {"runs": runs, "commit": prov["commit"]}
@@ -110,36 +113,9 @@ def main() -> None:
     print("\n".join(table(records)))
 
 
-def reached(entry: dict) -> dict | None:
-    """The first run of ``entry`` that met the criteria, or None."""
-    return next((r for r in entry["runs"] if r.get("met")), None)
-
-
 def table(records: dict) -> list[str]:
-    """Rows: sampler; columns: per problem the rounds to the criteria, bits up per client, seconds."""
-    problems = [p for p in records if p != "meta"]
-    lines = ["| sampler | " + " | ".join(f"{p}: rounds | {p}: upload bits per chain | {p}: simulator s"
-                                         for p in problems) + " |",
-             "| --- |" + " --- | --- | --- |" * len(problems)]
-    labels = list(dict.fromkeys(label for p in problems for label in records[p]))
-    for label in labels:
-        cells = []
-        for p in problems:
-            entry = records[p].get(label)
-            hit = reached(entry) if entry else None
-            if entry is None:
-                cells += ["", "", ""]
-            elif hit is None:
-                last = entry["runs"][-1]
-                why = ("refused" if "refused" in last else
-                       f"> {last['rounds']:,} (R-hat {last['max_rhat']:.2f}, ESS {last['min_ess']:.0f}, "
-                       f"sd off {last['max_sd_deviation']:.0%})")
-                cells += [why, "", ""]
-            else:
-                cells += [f"{hit['rounds']:,} + {hit['setup_rounds']}", f"{hit['upload_bits_per_chain']:.3g}",
-                          f"{hit['seconds']:.0f}"]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
+    """The table of docs/flower.md, "Rounds to a posterior" (:mod:`fedmcmc.app.tables` renders it)."""
+    return tables.TABLES["rounds_to_posterior"].render(records)
 
 
 def plot(records: dict, path: Path) -> None:

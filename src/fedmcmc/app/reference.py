@@ -93,7 +93,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
                         '`p_i / (omega + 1)` with `memory_update = "inverse_probability"`, which refuses '
                         "`alpha (omega + 1) / p_i > 1`."),
         "memory_update": '`"algorithm"` (Algorithm 2) or `"inverse_probability"` (scaled by 1/p_i).',
-        "num_leapfrog": "K, leapfrog steps per trajectory (the momentum is redrawn every K steps).",
+        "num_leapfrog": "K, leapfrog steps per trajectory (the momentum is redrawn every K steps); \"auto\" with "
+                        "step_size = \"auto\" (clock = \"trajectory\", full batches, uncompressed, full participation, up "
+                        "to 200 parameters): K and the step from the exact law of a round on the clients' Laplace "
+                        "approximations (`fedmcmc.samplers.fa_hmc_law`).",
         "local_steps": "Local steps per round (FA-HMC: counted on `clock`).",
         "correlation": "Share in [0, 1] of the momentum's (VR-FALD*: the noise's) variance drawn from the common seed.",
         "gradient_noise": "Standard deviation of Gaussian noise added to every gradient (simulated stochastic "

@@ -502,6 +502,35 @@ def _auto_step(records: dict) -> list[str]:
     return _md_spaced(("sampler", *problems), rows)
 
 
+def _reached(entry: dict) -> str:
+    """A cell of the rounds-to-a-posterior table: the rounds of the first run that met the three
+    criteria (and the automatic step's setup rounds), or how far the last run got."""
+    hit = next((r for r in entry["runs"] if r.get("met")), None)
+    if hit is not None:
+        return f"{hit['rounds']:,} + {hit['setup_rounds']}"
+    last = entry["runs"][-1]
+    if "refused" in last:
+        return "refused"
+    return (f"> {last['rounds']:,} (R-hat {last['max_rhat']:.2f}, ESS {last['min_ess']:.0f}, "
+            f"sd {last['max_sd_deviation']:.0%} off)")
+
+
+def _reached_bits(entry: dict) -> str:
+    hit = next((r for r in entry["runs"] if r.get("met")), None)
+    return "" if hit is None else sci(hit["upload_bits_per_chain"])
+
+
+@_table("rounds_to_posterior", "docs/figures/rounds_to_posterior.json")
+def _rounds_to_posterior(records: dict) -> list[str]:
+    problems = [p for p in records if p != "meta"]
+    labels = list(dict.fromkeys(label for p in problems for label in records[p]))
+    header = ["sampler"] + [f"{p}: {what}" for p in problems for what in ("rounds + setup", "upload bits per chain")]
+    rows = [(label, *(cell for p in problems for cell in (
+        (_reached(records[p][label]), _reached_bits(records[p][label])) if label in records[p] else ("", ""))))
+        for label in labels]
+    return _md(header, rows)
+
+
 # --- benchmarks (docs/benchmarks.md, from `fedmcmc bench --flower`'s bench.json) ----------------
 
 BENCH = "docs/figures/bench.json"

@@ -17,7 +17,7 @@ seconds), the ClientApp process answers by itself and logs why.
 Start one per SuperNode, as the SuperNode's user, before or after the SuperNode::
 
     fedmcmc node-worker /srv/fedmcmc/node0-worker &
-    flower-supernode ... --node-config "partition-id=0 worker='/srv/fedmcmc/node0-worker'"
+    fedmcmc supernode ... --node-config "partition-id=0 worker='/srv/fedmcmc/node0-worker'"
 
 (``fedmcmc flower deploy`` does this for its SuperNodes.) The folder is made private to the
 user (mode 0700); it holds the Unix socket and a random key with which the ClientApp processes
