@@ -19,7 +19,7 @@ META, ARRAYS = "fedmcmc", "fedmcmc-arrays"
 #: the other exchanges (hello, init, setup) are ``query`` messages, and so is ``hold``.
 TRAIN_KINDS = {"round"}
 #: A message the server queues behind every other message of a node, answered at once: the
-#: SuperNode, after its reply, finds it instead of nothing (and a 3-s sleep, see docs/flower.md).
+#: SuperNode, after its reply, finds it instead of nothing (and its idle sleep, docs/flower.md "Latency per round").
 HOLD = "hold"
 
 
