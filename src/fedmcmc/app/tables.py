@@ -30,7 +30,7 @@ from typing import Callable, NamedTuple, Sequence
 __all__ = ["PAGES", "TABLES", "Table", "render", "update", "marked", "main", "sci", "pm", "comma"]
 
 #: The pages whose marked tables are generated, from the repository's root.
-PAGES = ("docs/reproductions.md", "docs/benchmarks.md")
+PAGES = ("docs/reproductions.md", "docs/benchmarks.md", "docs/flower.md")
 COMMAND = "python -m fedmcmc.app.tables"
 
 _MARKED = re.compile(r"<!-- table: ([\w-]+)[^\n]*-->\n(.*?)<!-- /table -->", re.S)
