@@ -120,34 +120,50 @@ def error(draws: np.ndarray, ref: np.ndarray) -> float:
     return float(np.mean(wasserstein1(flat, pooled) / pooled.std(axis=0)))
 
 
-def run_one(folder: Path, base: dict, keys: dict, out: Path, ref: np.ndarray) -> dict:
-    keys = dict(keys)
-    run = {**RUN, **({"whiten": keys.pop("whiten")} if "whiten" in keys else {})}
-    cfg = {**base, "sampler": {**keys, "step_size": "auto"}, "run": run}
+def run_config(path: Path, cfg: dict, out: Path) -> tuple[dict, np.ndarray | None, float]:
+    """Write ``cfg`` to ``path`` and run it into ``out/run``: ``(results.json's payload, the stored
+    draws, the run's seconds)``, or ``({"refused": ...}, None, seconds)`` for a refusal (ConfigError)
+    or a divergence."""
     out.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{out.parent.name}-{out.name}.toml"
     path.write_text(_toml(cfg))
     started = time.perf_counter()
     try:
         payload = config.run(path, out / "run", progress=False, overwrite=True)
-    except (ValueError, RuntimeError) as err:  # a refusal (ConfigError) or a divergence
-        return {"refused": f"{type(err).__name__}: {err}", "seconds": time.perf_counter() - started}
-    built_model = config.build(tomllib.loads(path.read_text()), folder).model
-    draws = io.read_draws(out / "run" / "posterior.nc", built_model.layout)
+    except (ValueError, RuntimeError) as err:
+        return {"refused": f"{type(err).__name__}: {err}"}, None, time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    layout = config.build(tomllib.loads(path.read_text()), path.parent).model.layout
+    return payload, io.read_draws(out / "run" / "posterior.nc", layout), seconds
+
+
+def start(doc: str, name: str, problems, samplers) -> tuple[argparse.Namespace, Path, dict, dict]:
+    """A benchmark's command line (``OUT_DIR [--problems ...] [--samplers ...]``), the path of its
+    results file ``OUT_DIR/name``, the records already there (records merge over runs), and this
+    invocation's provenance (each record names its commit)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--problems", nargs="*", default=list(problems))
+    parser.add_argument("--samplers", nargs="*", default=list(samplers))
+    args = parser.parse_args()
+    path = args.out / name
+    return args, path, json.loads(path.read_text()) if path.is_file() else {}, provenance.record()
+
+
+def run_one(folder: Path, base: dict, keys: dict, out: Path, ref: np.ndarray) -> dict:
+    keys = dict(keys)
+    run = {**RUN, **({"whiten": keys.pop("whiten")} if "whiten" in keys else {})}
+    cfg = {**base, "sampler": {**keys, "step_size": "auto"}, "run": run}
+    started = time.perf_counter()
+    payload, draws, _ = run_config(folder / f"{out.parent.name}-{out.name}.toml", cfg, out)
+    if draws is None:
+        return {**payload, "seconds": time.perf_counter() - started}
     check = payload["posterior_check"]
     return {"w1_over_sd": error(draws, ref), "step": payload["step"], "whitening": payload.get("whitening"),
             "posterior_check": check.get("passed"), "max_rhat": payload["diagnostics"]["max_rhat"], "seconds": time.perf_counter() - started}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--problems", nargs="*", default=list(PROBLEMS))
-    parser.add_argument("--samplers", nargs="*", default=list(SAMPLERS))
-    args = parser.parse_args()
-    path = args.out / "auto_step.json"
-    records = json.loads(path.read_text()) if path.is_file() else {}
-    prov = provenance.record()  # of this invocation; each record it writes names its commit (records merge over runs)
+    args, path, records, prov = start(__doc__, "auto_step.json", PROBLEMS, SAMPLERS)
     records["meta"] = {"provenance": prov, "run": RUN, "nuts": NUTS}
     for problem in args.problems:
         folder, base = problem_config(args.out, problem)

@@ -49,15 +49,11 @@ def main() -> None:
         text = re.sub(r"(?m)^num_iterations = \d+", f"num_iterations = {args.rounds}", path.read_text())
         path.write_text(re.sub(r"(?m)^burn_in = \d+", "burn_in = 0", text))
     run_dir = out / "flower"
-    text = launch.prepare_config(path)
-    run_dir = launch._claimed(run_dir, False, True)
-    (run_dir / "run.toml").write_text(text)
     secrets = out / "credentials"
     secrets.mkdir(exist_ok=True)
     started = time.perf_counter()
-    with launch.LocalDeployment(launch.num_clients(text), out / "deployment", tls=make_tls(secrets),
-                                auth_keys=make_node_keys(secrets, 3), node_config=launch.data_paths(text, folder)) as dep:
-        payload = launch._watched(dep, run_dir / "run.toml", run_dir, False, folder, None)
+    payload = launch.run_deploy(path, run_dir, overwrite=True, tls=make_tls(secrets),
+                                auth_keys=make_node_keys(secrets, 3))
     wall = time.perf_counter() - started
     flower = payload["flower"]
     record = {"rounds": payload["config"]["run"]["num_iterations"], "wall_seconds": wall, "flower": flower,

@@ -21,17 +21,13 @@ against rounds), and prints the table of docs/flower.md.
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
 import auto_step
-from fedmcmc.app import config, tables
-from fedmcmc.runtime import io, provenance
+from fedmcmc.app import tables
 
 PROBLEMS = ("hospitals", "banks")
 #: Row label -> [sampler] keys besides step_size = "auto" (auto_step.py's first tries, and FA-HMC's
@@ -66,29 +62,15 @@ def run_one(folder: Path, base: dict, keys: dict, rounds: int, out: Path, ref: n
     run = {"seed": 0, "num_chains": CHAINS, "num_iterations": rounds, "burn_in": rounds // 8,
            "thinning": max(1, rounds // KEEP)}
     cfg = {**base, "sampler": {**keys, "step_size": "auto"}, "run": run}
-    out.mkdir(parents=True, exist_ok=True)
-    path = folder / f"rtp-{out.parent.name}-{out.name}.toml"
-    path.write_text(auto_step._toml(cfg))
-    started = time.perf_counter()
-    try:
-        payload = config.run(path, out / "run", progress=False, overwrite=True)
-    except (ValueError, RuntimeError) as err:
-        return {"rounds": rounds, "refused": f"{type(err).__name__}: {err}"}
-    seconds = time.perf_counter() - started
-    draws = io.read_draws(out / "run" / "posterior.nc", config.build(tomllib.loads(path.read_text()), folder).model.layout)
+    payload, draws, seconds = auto_step.run_config(folder / f"rtp-{out.parent.name}-{out.name}.toml", cfg, out)
+    if draws is None:
+        return {"rounds": rounds, **payload}
     return {"rounds": rounds, **criteria(draws, ref), "seconds": seconds, "step": payload["step"],
             "setup_rounds": payload["step"]["rounds"], "upload_bits_per_chain": payload["upload_bits_per_chain"]}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--problems", nargs="*", default=list(PROBLEMS))
-    parser.add_argument("--samplers", nargs="*", default=list(SAMPLERS))
-    args = parser.parse_args()
-    path = args.out / "rounds_to_posterior.json"
-    records = json.loads(path.read_text()) if path.is_file() else {}
-    prov = provenance.record()
+    args, path, records, prov = auto_step.start(__doc__, "rounds_to_posterior.json", PROBLEMS, SAMPLERS)
     records["meta"] = {"provenance": prov, "chains": CHAINS, "criteria": {"rhat": RHAT, "ess": ESS, "sd": SD}}
     for problem in args.problems:
         folder, base = auto_step.problem_config(args.out, problem)

@@ -159,17 +159,13 @@ class Choice(NamedTuple):
     law: Law
 
 
-def choose(hessians, gradients, weights, trajectories: int = 1, correlation: float = 0.0,
-           std_inflation: float | None = None, mean_offset: float | None = None) -> Choice:
-    """``(eta, K)`` of the fastest-forgetting round whose law is within the tolerances (module docstring).
-
-    ``std_inflation`` and ``mean_offset`` default to :data:`fedmcmc.samplers.steps.STD_INFLATION`
-    and :data:`fedmcmc.samplers.steps.MEAN_OFFSET`. Raises ValueError when no pair on the grid is.
+def choose(hessians, gradients, weights, trajectories: int, correlation: float, std_inflation: float,
+           mean_offset: float) -> Choice:
+    """``(eta, K)`` of the fastest-forgetting round whose law keeps every linear combination's sd
+    within a factor ``1 + std_inflation`` and its mean within ``mean_offset`` sds (module
+    docstring; ``num_leapfrog = "auto"`` gives :data:`fedmcmc.samplers.steps.STD_INFLATION` and
+    :data:`fedmcmc.samplers.steps.MEAN_OFFSET`). Raises ValueError when no pair on the grid does.
     """
-    from fedmcmc.samplers import steps
-
-    std_inflation = steps.STD_INFLATION if std_inflation is None else std_inflation
-    mean_offset = steps.MEAN_OFFSET if mean_offset is None else mean_offset
     clients = _clients(hessians, gradients, weights)
     edge = 2.0 / np.sqrt(np.max(clients.lam))
     found = []

@@ -146,7 +146,8 @@ from typing import NamedTuple
 import numpy as np
 
 from fedmcmc.estimators import surrogates
-from fedmcmc.samplers import schedules
+from fedmcmc.estimators.gradients import FULL_HESSIAN_DIM
+from fedmcmc.samplers import fa_hmc_law, schedules
 from fedmcmc.samplers.trajectories import steps_per_round
 
 #: The largest marginal standard-deviation inflation a rule allows (discretisation and noise).
@@ -302,8 +303,6 @@ def _fa_hmc(s: Setting) -> tuple:
 def _fa_hmc_law(s: Setting) -> tuple[float, str, dict]:
     """FA-HMC's ``num_leapfrog = "auto"``: the step and trajectory length from the exact law of a round
     on the clients' Laplace approximations (:func:`fedmcmc.samplers.fa_hmc_law.choose`)."""
-    from fedmcmc.samplers import fa_hmc_law
-
     why = [text for bad, text in (
         (s.args.get("clock", "leapfrog") != "trajectory", 'clock = "trajectory" (a round of whole trajectories)'),
         (np.any(_batch(s) < s.counts), "full batches (no batch_size or batch_fraction)"),
@@ -312,8 +311,8 @@ def _fa_hmc_law(s: Setting) -> tuple[float, str, dict]:
         (float(s.args.get("gradient_noise", 0.0)) > 0, "exact gradients (no gradient_noise)"),
         (s.args.get("debiased", False), "debiased = false"),
         (s.args.get("step_decay") is not None, "a constant step (no step_decay)"),
-        (s.dim > _full_dim(), f"the clients' Hessians at the mode, which one round gives up to "
-                              f"{_full_dim()} parameters (this model has {s.dim})")) if bad]
+        (s.dim > FULL_HESSIAN_DIM, f"the clients' Hessians at the mode, which one round gives up to "
+                                   f"{FULL_HESSIAN_DIM} parameters (this model has {s.dim})")) if bad]
     if why:
         raise ValueError('num_leapfrog = "auto" chooses the trajectory from the exact law of a round on the '
                          f"clients' Laplace approximations, which holds for {'; '.join(why)}; give num_leapfrog "
@@ -323,7 +322,7 @@ def _fa_hmc_law(s: Setting) -> tuple[float, str, dict]:
     hessians, gradients = s.local
     weights = np.asarray(s.args["weights"], np.float64)
     choice = fa_hmc_law.choose(hessians, gradients, weights, int(s.args["local_steps"]),
-                               float(s.args.get("correlation", 0.0)))
+                               float(s.args.get("correlation", 0.0)), STD_INFLATION, MEAN_OFFSET)
     law = choice.law
     return (choice.step_size,
             f"the fastest-forgetting (eta, K) whose round's exact law on the Laplace approximation keeps sds within "
@@ -331,12 +330,6 @@ def _fa_hmc_law(s: Setting) -> tuple[float, str, dict]:
             {"num_leapfrog": choice.num_leapfrog, "rounds_per_draw": law.autocorrelation_time / 2,
              "law": {"sd_ratios": list(law.sd_ratios), "mean_offset_sds": law.mean_offset,
                      "autocorrelation_rounds": law.autocorrelation_time}})
-
-
-def _full_dim() -> int:
-    from fedmcmc.estimators.gradients import FULL_HESSIAN_DIM
-
-    return FULL_HESSIAN_DIM
 
 
 def _dsgld(s: Setting) -> tuple[float, str]:

@@ -374,17 +374,19 @@ def _descendants(pid: int) -> list[int]:
 
 
 def run_deploy(config_path, out, clients: int | None = None, resume: bool = False, overwrite: bool = False,
-               echo=None) -> dict:
+               echo=None, tls=None, auth_keys=None) -> dict:
     """Run on a local deployment (SuperLink + one SuperNode per client on 127.0.0.1); with
     ``[data] files = [...]``, SuperNode i reads file i from its node config (``data-path``).
 
     ``echo(line)`` (default: standard error) gets the run's progress (:class:`Progress`) and, at
-    the end, the warnings that ``fedmcmc run`` prints (the ServerApp's own go to its log)."""
+    the end, the warnings that ``fedmcmc run`` prints (the ServerApp's own go to its log).
+    ``tls`` and ``auth_keys``: as :class:`LocalDeployment`'s (TLS, SuperNode authentication)."""
     text, out = prepare_config(config_path, clients), _claimed(out, resume, overwrite)
     cfg_path = out / "run.toml"
     cfg_path.write_text(text)
     folder = Path(config_path).parent
-    with LocalDeployment(num_clients(text), out / "deployment", node_config=data_paths(text, folder)) as dep:
+    with LocalDeployment(num_clients(text), out / "deployment", tls=tls, node_config=data_paths(text, folder),
+                         auth_keys=auth_keys) as dep:
         return _watched(dep, cfg_path, out, resume, folder, echo)
 
 
