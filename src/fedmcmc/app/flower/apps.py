@@ -38,6 +38,7 @@ from fedmcmc.app.flower import node_worker, replies
 from fedmcmc.app.flower.clock import process_seconds
 from fedmcmc.app.flower.content import HOLD, META, from_content, to_content
 from fedmcmc.app.flower.grid import GridTransport
+from fedmcmc.app.flower.supernode import quick_pulls
 from fedmcmc.runtime.settings import FlowerSettings
 
 # JAX and the samplers are imported on first use (:func:`fedmcmc.app.flower.replies.lib`): a
@@ -166,6 +167,7 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
+    quick_pulls()  # this process is Flower's ServerApp process
     rc = context.run_config
     out = Path(str(rc["out"]))
     try:

@@ -1,6 +1,6 @@
 """A runtime message as Flower records, both ways (:func:`to_content`, :func:`from_content`): an
-``ArrayRecord`` (broadcasts and masks as arrays, the uploads' wire encodings as one ``uint8``
-array) and a ``ConfigRecord`` of JSON strings; which Flower message type carries each kind
+``ArrayRecord`` of one ``uint8`` array (broadcasts, masks and the uploads' wire encodings) and a
+``ConfigRecord`` of JSON strings; which Flower message type carries each kind
 (:func:`message_type`), and the ``hold`` message. Flower and NumPy only: a ClientApp process
 that relays to a node worker imports no JAX."""
 
@@ -24,36 +24,48 @@ HOLD = "hold"
 
 
 def to_content(message: dict) -> RecordDict:
-    """A runtime message as Flower records: arrays (lists of NumPy arrays: broadcasts, masks) in an
-    ``ArrayRecord``, one ``Array`` each, and every ``bytes`` value (the uploads' wire encodings)
-    in one ``uint8`` array ``wire`` (few arrays: each is a separate object on every hop); the rest
-    as JSON strings in a ``ConfigRecord``, with the layout of the arrays."""
-    arrays, config, layout, blobs = {}, {}, {}, []
+    """A runtime message as Flower records: every array (lists of NumPy arrays: broadcasts, masks)
+    and every ``bytes`` value (the uploads' wire encodings) in one ``uint8`` array ``data`` of an
+    ``ArrayRecord`` (each Flower ``Array`` is a separate object that every hop pulls or pushes
+    with a request of its own); the rest as JSON strings in a ``ConfigRecord``, with the layout
+    of ``data``."""
+    config, layout, blobs, parts = {}, [], [], []
     for name, value in message.items():
         if isinstance(value, bytes):
-            blobs.append((name, value))
+            blobs.append([name, len(value)])
+            parts.append(value)
         elif isinstance(value, list) and value and all(isinstance(v, np.ndarray) for v in value):
-            arrays.update({f"{name}/{j}": Array(np.ascontiguousarray(v)) for j, v in enumerate(value)})
-            layout[name] = len(value)
+            shapes = []
+            for v in value:
+                if np.dtype(v.dtype.str) != v.dtype:
+                    raise TypeError(f"array {name!r} has dtype {v.dtype}, which has no NumPy type string")
+                shapes.append([v.dtype.str, list(v.shape)])
+                parts.append(np.ascontiguousarray(v).tobytes())
+            layout.append([name, shapes])
         else:
             config[name] = json.dumps(value)
-    if blobs:
-        arrays["wire"] = Array(np.frombuffer(b"".join(v for _, v in blobs), np.uint8))
     config["arrays"] = json.dumps(layout)
-    config["wire"] = json.dumps([[name, len(v)] for name, v in blobs])
+    config["wire"] = json.dumps(blobs)
+    data = b"".join(parts)
+    arrays = {"data": Array(np.frombuffer(data, np.uint8))} if data else {}
     return RecordDict({META: ConfigRecord(config), ARRAYS: ArrayRecord(arrays)})
 
 
 def from_content(content: RecordDict) -> dict:
     """Inverse of :func:`to_content`."""
-    config, arrays = content[META], content[ARRAYS]
+    config = content[META]
     out = {k: json.loads(v) for k, v in config.items() if k not in ("arrays", "wire")}
-    for name, n in json.loads(config["arrays"]).items():
-        out[name] = [arrays[f"{name}/{j}"].numpy() for j in range(n)]
-    blobs, start = json.loads(config["wire"]), 0
-    wire = arrays["wire"].numpy().tobytes() if blobs else b""
-    for name, length in blobs:
-        out[name], start = wire[start:start + int(length)], start + int(length)
+    arrays = content[ARRAYS]
+    data, start = memoryview(arrays["data"].numpy().tobytes() if "data" in arrays else b""), 0
+    for name, shapes in json.loads(config["arrays"]):
+        out[name] = []
+        for dtype, shape in shapes:
+            dtype = np.dtype(dtype)
+            size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            out[name].append(np.frombuffer(data[start:start + size], dtype).reshape(shape).copy())
+            start += size
+    for name, length in json.loads(config["wire"]):
+        out[name], start = bytes(data[start:start + int(length)]), start + int(length)
     return out
 
 

@@ -174,7 +174,7 @@ class LocalDeployment:
         auth = ["--enable-supernode-auth"] if self.auth_keys else []
         simulation = ["--simulation"] if self.simulation else []
         self._start([self.bin("flower-superlink"), *security, *auth, *simulation, "--port", str(self.port),
-                     "--disable-runtime-dependency-installation", "--database", str(self.workdir / "link.db")],
+                     "--disable-runtime-dependency-installation"],
                     "superlink.log")
         self._wait_for_port(self.port)
         node_security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls[0])]
