@@ -81,3 +81,6 @@ def test_tutorial_commands_run_as_written(tmp_path):
     assert cfg["sampler"]["step_size"] == "auto" and "init" not in cfg["run"]
     assert flower["step"]["value"] == config.build(cfg, tmp_path / "hospitals").step["value"]
     assert flower["whitening"]["used"] is True and flower["flower"]["ask_rounds"] > 0
+    # the held-out rows stayed on the nodes; their metrics are the simulator's (one evaluate round)
+    held = [json.loads((tmp_path / f"runs/{r}/summary.json").read_text())["predictive"] for r in ("flower", "sim-flower")]
+    assert held[0] == held[1] and len(held[0]["clients"]) == 3 and flower["flower"]["evaluate"]["rounds"] == 1

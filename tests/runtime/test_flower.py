@@ -521,6 +521,18 @@ def test_each_node_reads_its_own_file_and_the_server_no_data(tmp_path, server_id
     assert payload["inputs"]["scaling"] == built.inputs.scaling  # the pooled scaling from the nodes' moments
     assert sorted(set(reads)) == sorted(p["data-path"] for p in paths.values())
     monkeypatch.setattr(local, "read_client", read_client)
+    # the held-out parts stay on the nodes too: one evaluate round gives the simulator's outputs
+    import arviz as az
+
+    (tmp_path / "sites.toml").write_text(text)
+    config.run(tmp_path / "sites.toml", tmp_path / "sim", progress=False)
+    got, want = (json.loads((tmp_path / d / "summary.json").read_text())["predictive"] for d in ("out", "sim"))
+    assert got == want and got["overall"]["num_points"] == sum(c["n_test"] for c in payload["inputs"]["clients"]) > 0
+    flown, simulated = (az.from_netcdf(tmp_path / d / "posterior.nc") for d in ("out", "sim"))
+    for group in ("log_likelihood", "observed_data"):
+        np.testing.assert_array_equal(flown[group]["y"].values, simulated[group]["y"].values)
+    assert (tmp_path / "out" / "reliability.png").is_file()
+    assert flower["evaluate"]["rounds"] == 1 and flower["evaluate"]["bytes_up"] > flower["evaluate"]["bytes_down"] > 0
     cg = SITES + "[sampler]\nname = \"cg-dsgld\"\nstep_size = \"auto\"\nlocal_steps = 2\n[run]\nnum_chains = 1\nnum_iterations = 2\n"
     with pytest.raises(config.ConfigError, match=r'cg-dsgld with step_size = "auto" cannot run on node-local data'):
         apps.start_server(InProcessGrid(apps.make_client_app(), 3, cg, node_config=paths), cg, tmp_path / "cg")

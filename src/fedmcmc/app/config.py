@@ -525,10 +525,11 @@ def run(path: str | Path, out: str | Path, resume: bool = False, progress: bool 
     return report(cfg, built, in_theta(built, res), out, started)
 
 
-def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extra) -> dict:
+def report(cfg: dict, built: Built, res, out: str | Path, started: float, evaluations=None, **extra) -> dict:
     """Write ``results.json``, ``posterior.nc`` and ``trace.png`` of a finished run to ``out`` (shared
     by ``fedmcmc run`` and ``fedmcmc flower sim|deploy``, its draws in ``theta``: :func:`in_theta`);
-    ``extra`` entries are added to ``results.json``. The errors against the exact posterior are
+    ``extra`` entries are added to ``results.json``; ``evaluations``, the clients' held-out points
+    computed on the Flower nodes (:func:`fedmcmc.app.outputs.evaluate`), replace ``built.tests``. The errors against the exact posterior are
     there for a ``[problem]``; ``inputs`` records a ``[data]`` run's data, whose outputs are :func:`fedmcmc.app.outputs.write_run`'s."""
     from fedmcmc.app import outputs, posterior  # the writers and plots: not needed to build a run (a Flower client)
     from fedmcmc.evaluation import diagnostics
@@ -577,7 +578,7 @@ def report(cfg: dict, built: Built, res, out: str | Path, started: float, **extr
     if built.inputs is None:
         outputs.write_problem_run(out, cfg, built, res, keep, checked)
     else:
-        payload["summary"] = outputs.write_run(out, cfg, built, res, keep, checked)
+        payload["summary"] = outputs.write_run(out, cfg, built, res, keep, checked, evaluations=evaluations)
     line = posterior.message(checked) if "flagged" in checked else None
     if line:
         sys.stderr.write(f"fedmcmc: warning: {line}\n")

@@ -166,10 +166,15 @@ def load_data(section: dict, base_dir=None) -> tuple[FederatedData, tuple | None
     target = local.scaling_from(info.target_scaling)
     train = from_clients([(local.apply_scaling(t.x, scaling), t.y if target is None else
                            local.apply_scaling(t.y, target)) for t, _, _ in parts])
-    tests = None if section.get("test_fraction", 0.2) == 0 else tuple(
-        (local.apply_scaling(t.x, scaling).astype(np.float32),
-         t.y.astype(np.float32 if info.task == "regression" else np.int32)) for _, t, _ in parts)
+    tests = None if section.get("test_fraction", 0.2) == 0 else tuple(held_out_part(t, info) for _, t, _ in parts)
     return train, tests, info
+
+
+def held_out_part(test: local.LocalData, info: Inputs) -> tuple:
+    """A client's held-out ``(x, y)`` as the run reads it: the inputs scaled as the training parts
+    (``info.scaling``), the target in its own units."""
+    return (local.apply_scaling(test.x, local.scaling_from(info.scaling)).astype(np.float32),
+            test.y.astype(np.float32 if info.task == "regression" else np.int32))
 
 
 def target_scale(inputs: Inputs) -> float:

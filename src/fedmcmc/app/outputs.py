@@ -148,22 +148,42 @@ def format_table(table, rows: int = TABLE_ROWS) -> str:
     return text + (f"\n... {more} more row(s) in summary.csv" if more > 0 else "")
 
 
-def held_out(model, draws: np.ndarray, tests: Sequence[tuple]) -> io.HeldOut:
-    """The clients' held-out points and their log-likelihood under ``draws [chain, draw, d]``."""
-    ll = [pointwise_log_likelihood(model, draws, (x, y)) for x, y in tests]
-    return io.HeldOut(np.concatenate(ll, axis=-1), np.concatenate([np.asarray(y) for _, y in tests]),
-                      np.concatenate([np.full(len(y), i) for i, (_, y) in enumerate(tests)]))
-
-
-def predictive(model, draws: np.ndarray, tests: Sequence[tuple], task: str, num_bins: int = 15,
-               level: float = 0.94) -> tuple[dict, list | None]:
-    """``(metrics per client and overall, the clients' model-average probabilities or None)``."""
+def evaluate(model, draws: np.ndarray, test: tuple, task: str, level: float = 0.94) -> dict:
+    """One client's held-out points ``test = (x, y)`` under ``draws [chain, draw, d]``: the
+    pointwise ``log_likelihood [chain, draw, n]``, ``y`` and what the predictive metrics need point
+    by point (``probs``, the model average's class probabilities; or a regression's ``mean``,
+    ``lower``, ``upper`` and ``log_density``, :func:`fedmcmc.evaluation.regression.regression_points`).
+    A Flower node computes it on its own held-out part (``evaluate`` messages); the server pools it."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS} (got {task!r})")
+    x, y = test
+    out = {"log_likelihood": np.asarray(pointwise_log_likelihood(model, draws, (x, y))), "y": np.asarray(y)}
     if task == "classification":
-        probs = [predict_bma(model, draws, x) for x, _ in tests]
+        return {**out, "probs": np.asarray(predict_bma(model, draws, x))}
+    mean, lower, upper, density, _ = regression.regression_points(model, draws, x, y, level)
+    return {**out, "mean": np.asarray(mean), "lower": np.asarray(lower), "upper": np.asarray(upper),
+            "log_density": np.asarray(density)}
+
+
+def held_out(evaluations: Sequence[dict]) -> io.HeldOut:
+    """The clients' held-out points and their log-likelihood, from their :func:`evaluate`."""
+    return io.HeldOut(np.concatenate([e["log_likelihood"] for e in evaluations], axis=-1),
+                      np.concatenate([e["y"] for e in evaluations]),
+                      np.concatenate([np.full(len(e["y"]), i) for i, e in enumerate(evaluations)]))
+
+
+def predictive(evaluations: Sequence[dict], task: str, num_bins: int = 15, level: float = 0.94) -> tuple[dict, list | None]:
+    """``(metrics per client and overall, the clients' model-average probabilities or None)`` from
+    the clients' :func:`evaluate`."""
+    if task == "classification":
+        probs = [e["probs"] for e in evaluations]
         metric = partial(report.classification_report, num_bins=num_bins)
-        return report.by_client(metric, [(p, y) for p, (_, y) in zip(probs, tests)]), probs
+        return report.by_client(metric, [(p, e["y"]) for p, e in zip(probs, evaluations)]), probs
     if task == "regression":
-        return report.by_client(partial(regression.regression_report, model, draws, level=level), list(tests)), None
+        draws = int(np.prod(evaluations[0]["log_likelihood"].shape[:-1]))
+        metric = partial(regression.regression_metrics, level=level, num_draws=draws)
+        return report.by_client(metric, [tuple(e[k] for k in ("mean", "lower", "upper", "log_density", "y"))
+                                         for e in evaluations]), None
     raise ValueError(f"task must be one of {TASKS} (got {task!r})")
 
 
@@ -180,7 +200,7 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
                   num_bins: int = 15, level: float = 0.94, echo: Callable[[str], None] | None = None,
                   draws_only: bool = False, posterior_check: Mapping | None = None,
                   derived: Callable[[np.ndarray], Mapping] | None = None,
-                  show: Callable[[str], None] | None = None) -> dict:
+                  show: Callable[[str], None] | None = None, evaluations: Sequence[dict] | None = None) -> dict:
     """Write ``posterior.nc``, ``summary.json``, ``summary.csv`` and the plots of a run into ``out``
     (module docstring).
 
@@ -194,7 +214,7 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
         The run's name (the sampler's).
     tests, task
         Each client's held-out ``(x, y)`` and ``"classification"`` or ``"regression"``; without
-        tests, no ``log_likelihood`` group and no predictive metrics.
+        tests (or evaluations), no ``log_likelihood`` group and no predictive metrics.
     feature_names, settings, step_size
         Names of the features (:func:`parameter_names`), the run's settings (attributes of the
         InferenceData and ``summary.json["settings"]``), its step size.
@@ -221,17 +241,19 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
     dict
         The content of ``summary.json``.
     """
-    if tests is not None and task not in TASKS:
+    if (tests is not None or evaluations is not None) and task not in TASKS:
         raise ValueError(f"task must be one of {TASKS} to report on held-out points (got {task!r})")
     draws = io.stored_draws(result, max_draws)
-    held = None if not tests else held_out(model, draws, tests)
+    if evaluations is None and tests:
+        evaluations = [evaluate(model, draws, t, task, level) for t in tests]
+    held = None if not evaluations else held_out(evaluations)
     extra = None if derived is None else dict(derived(draws))
     idata = io.to_inference_data({label: result}, {**(settings or {}), **_verdict(posterior_check)}, max_draws,
                                  step_size=step_size, layout=model.layout, names=parameter_names(model, feature_names),
                                  held_out=held, derived=extra)
     conv = diagnostics.convergence(idata.posterior.drop_vars(list(extra or ())))
     table = posterior_table(idata, list(extra) if extra else None)
-    metrics, probs = (None, None) if not tests else predictive(model, draws, tests, task, num_bins, level)
+    metrics, probs = (None, None) if not evaluations else predictive(evaluations, task, num_bins, level)
     summary = {"sampler": label, "num_chains": int(draws.shape[0]), "num_draws": int(result.samples.shape[1]),
                "num_stored_draws": int(draws.shape[1]),
                "warnings": conv["warnings"], "convergence": conv,
@@ -247,8 +269,8 @@ def write_outputs(out, result: SimulationResult, model, *, label: str = "run", t
     diagnostics.plot_rank(out / "rank.png", draws, conv)
     if probs is not None:
         curves = {"all clients": (np.concatenate(probs), held.y)}
-        if len(tests) <= 5:
-            curves.update({f"client {i}": (p, y) for i, (p, (_, y)) in enumerate(zip(probs, tests))})
+        if len(evaluations) <= 5:
+            curves.update({f"client {i}": (p, e["y"]) for i, (p, e) in enumerate(zip(probs, evaluations))})
         calibration.plot_reliability(out / "reliability.png", curves, num_bins, title=f"{label}: held-out points")
     (show or print)(format_table(table))
     for line in conv["warnings"]:
@@ -272,7 +294,7 @@ def _verdict(posterior_check: Mapping | None) -> dict:
 
 def write_run(out, cfg: dict, built, result: SimulationResult, max_draws: int | None = io.MAX_STORED_DRAWS,
               posterior_check: Mapping | None = None, echo: Callable[[str], None] | None = None,
-              show: Callable[[str], None] | None = None) -> dict:
+              show: Callable[[str], None] | None = None, evaluations: Sequence[dict] | None = None) -> dict:
     """:func:`write_outputs` for a run of ``[data]`` + ``[model]``, from what
     :func:`fedmcmc.app.config.build` returns (its ``model``, ``sampler``, ``tests``, ``inputs``
     and ``step``); the config, the inputs and the step rule are the settings (a step per client,
@@ -283,6 +305,7 @@ def write_run(out, cfg: dict, built, result: SimulationResult, max_draws: int | 
     draws_only = privacy.draws_only(built.privacy)
     model = inputs_lib.in_target_units(built.model, inputs)
     return write_outputs(out, result, model, label=built.sampler.name, tests=None if draws_only else built.tests,
+                         evaluations=None if draws_only else evaluations,
                          task=inputs.task, feature_names=inputs.feature_names, draws_only=draws_only,
                          step_size=step if np.ndim(step) == 0 else None, max_draws=max_draws, echo=echo,
                          posterior_check=None if draws_only else posterior_check,

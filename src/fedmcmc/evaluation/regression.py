@@ -118,6 +118,25 @@ def log_predictive_density(log_likelihood) -> np.ndarray:
     return logsumexp(ll, axis=0) - np.log(ll.shape[0])
 
 
+def regression_points(model, samples, x, y, level: float = 0.94, batch_size: int = 256) -> tuple:
+    """``(mean, lower, upper, log_density, y)`` of each test point: the predictive mean and central
+    ``level`` interval (:func:`predictive_interval`) and the log posterior predictive density
+    (:func:`log_predictive_density`); what :func:`regression_metrics` needs, point by point, so that
+    the points of several clients can be pooled without their inputs."""
+    pred = predictive_interval(model, samples, x, level, batch_size)
+    y = np.asarray(y, np.float64)
+    ll = pointwise_log_likelihood(model, _flat_draws(samples), (x, y), batch_size)
+    return pred.mean, pred.lower, pred.upper, log_predictive_density(ll), y
+
+
+def regression_metrics(mean, lower, upper, log_density, y, level: float, num_draws: int) -> dict:
+    """:func:`regression_report`'s dict from :func:`regression_points`'s arrays."""
+    y = np.asarray(y, np.float64)
+    return {"rmse": rmse(mean, y), "nll": float(-np.mean(log_density)),
+            "coverage": float(np.mean((lower <= y) & (y <= upper))), "interval_level": float(level),
+            "num_points": int(y.shape[0]), "num_draws": int(num_draws)}
+
+
 def regression_report(model, samples, x, y, level: float = 0.94, batch_size: int = 256) -> dict:
     """Scalar predictive metrics of a regression model on a test set, as a dict for ``summary.json``.
 
@@ -129,9 +148,5 @@ def regression_report(model, samples, x, y, level: float = 0.94, batch_size: int
         points inside the central ``level`` interval of :func:`predictive_interval`),
         ``interval_level``, ``num_points`` and ``num_draws``.
     """
-    pred = predictive_interval(model, samples, x, level, batch_size)
-    y = np.asarray(y, np.float64)
-    ll = pointwise_log_likelihood(model, _flat_draws(samples), (x, y), batch_size)
-    return {"rmse": rmse(pred.mean, y), "nll": float(-log_predictive_density(ll).mean()),
-            "coverage": float(np.mean((pred.lower <= y) & (y <= pred.upper))), "interval_level": float(level),
-            "num_points": int(y.shape[0]), "num_draws": int(ll.shape[0])}
+    points = regression_points(model, samples, x, y, level, batch_size)
+    return regression_metrics(*points, level=level, num_draws=_flat_draws(samples).shape[0])

@@ -154,8 +154,35 @@ def run_server(grid: Grid, cfg_text: str, out, resume: bool, engine: str, base_d
                  median_round_reply_bytes=_median([u for _, u in transport.sizes]),
                  max_round_seconds=float(max(seconds)) if seconds else None)
     config_lib = replies.lib()[0]
-    return config_lib.report(runtime.cfg, runtime.built, config_lib.in_theta(runtime.built, res), Path(out), started,
+    res = config_lib.in_theta(runtime.built, res)
+    evaluations, stats["evaluate"] = _evaluate(transport, runtime, res)
+    return config_lib.report(runtime.cfg, runtime.built, res, Path(out), started, evaluations=evaluations,
                              flower=stats)
+
+
+def _evaluate(transport: GridTransport, runtime, res) -> tuple[list | None, dict | None]:
+    """``(evaluations, cost)``: a ``[data]`` run's held-out points, which stay on the nodes. One
+    ``evaluate`` round sends every node the draws the outputs store; each answers its
+    :func:`fedmcmc.app.outputs.evaluate` (pointwise log-likelihoods, labels and per-point
+    predictive quantities of its held-out part). None where the run has no held-out points or
+    releases its draws only (``[privacy] release = "draws"``)."""
+    from fedmcmc.app import privacy
+    from fedmcmc.runtime import io
+
+    built = runtime.built
+    if (built.inputs is None or "data" not in runtime.cfg or runtime.cfg["data"].get("test_fraction", 0.2) == 0
+            or privacy.draws_only(built.privacy)):
+        return None, None
+    draws = io.stored_draws(res, built.settings.run.max_stored_draws)
+    answers = transport.exchange({i: {"kind": "evaluate", "draws": [draws]} for i in range(transport.b)},
+                                 transport.flower.round_timeout)
+    missing = [i for i, r in answers.items() if r is None]
+    if missing:
+        raise RuntimeError(f"client(s) {missing} did not answer the held-out evaluation; the draws are in the "
+                           "run's chunks: resume the run once every node is up (fedmcmc flower deploy --resume)")
+    evaluations = [{k: v[0] for k, v in answers[i].items() if isinstance(v, list)} for i in range(transport.b)]
+    up = sum(int(v.nbytes) for e in evaluations for v in e.values())
+    return evaluations, {"rounds": 1, "bytes_down": int(draws.nbytes) * transport.b, "bytes_up": up}
 
 
 def _median(values) -> float | None:

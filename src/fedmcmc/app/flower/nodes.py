@@ -101,8 +101,8 @@ def base_dir(node):
 
 
 def node_local(text: str, index: int, node) -> tuple:
-    """``(train, summary)`` of this node's own client of a ``[data]`` run (read once per process):
-    the file of its node config's ``data-path``, else the config's client ``index``."""
+    """``(train, test, summary)`` of this node's own client of a ``[data]`` run (read once per
+    process): the file of its node config's ``data-path``, else the config's client ``index``."""
     path = str(node.node_config.get("data-path", "")) or None
     key = (config_hash(text), index, path)
     if key not in _LOCAL:
@@ -112,7 +112,7 @@ def node_local(text: str, index: int, node) -> tuple:
             raise ValueError(f"partition id {index} out of range for {b} clients; start node i with "
                              "--node-config 'partition-id=i' for i in 0..num_clients-1")
         data = read_node(section, index, path, base_dir(node))
-        _LOCAL[key] = inputs_lib.split_local(section, index, data)[::2]
+        _LOCAL[key] = inputs_lib.split_local(section, index, data)
     return _LOCAL[key]
 
 

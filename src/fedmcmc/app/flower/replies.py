@@ -60,7 +60,7 @@ def _runtime(text: str, index: int, node: NodeView, store: dict, programs):
                            "rounds")
     key = (client.config_hash(text), index, store["inputs"], store["known"])
     if key not in _RUNTIMES:
-        train, _ = nodes.node_local(text, index, node)
+        train, _, _ = nodes.node_local(text, index, node)
         cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
         built = nodes.build_from_inputs(cfg, info, nodes.base_dir(node), known=store["known"])
         _RUNTIMES[key] = client.ClientRuntime(text, index, lambda _: (cfg, built),
@@ -87,7 +87,7 @@ def answer(m: dict, text: str, index: int, node: NodeView, store: dict) -> tuple
     if node.node_config.get("state-dir"):
         m["state_dir"] = str(node.node_config["state-dir"])
     if m["kind"] == "hello" and "data" in nodes.parsed(text):
-        _, summary = nodes.node_local(text, index, node)
+        _, _, summary = nodes.node_local(text, index, node)
         return {"index": index, "num_clients": nodes.num_clients(nodes.parsed(text)["data"]),
                 "shapes": [summary.input_shape, []], "summary": nodes.summary_to_json(summary)}, store
     if m["kind"] == "nodes":  # the run's inputs, then again with the server's results (asks.known)
@@ -97,6 +97,8 @@ def answer(m: dict, text: str, index: int, node: NodeView, store: dict) -> tuple
         return {"ok": 1}, store
     if m["kind"] == "ask":
         return _ask(m, text, index, node, store), store
+    if m["kind"] == "evaluate":
+        return _evaluate(m, text, index, node, store), store
     programs = cache_dir(node.node_config) / "programs"
     return _runtime(text, index, node, store, programs).handle(m, store), store
 
@@ -112,7 +114,7 @@ def _ask(m: dict, text: str, index: int, node: NodeView, store: dict) -> dict:
     cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
     key = (client.config_hash(text), index, store["inputs"])
     if key not in _ASKED:
-        train, _ = nodes.node_local(text, index, node)
+        train, _, _ = nodes.node_local(text, index, node)
         _ASKED[key] = asks.Node(inputs.model_from_config(cfg, info, nodes.base_dir(node)),
                                 nodes.own_data(train, index, info), len(info.clients) if _exact(cfg) else 1)
         if len(_ASKED) > 8:
@@ -121,6 +123,22 @@ def _ask(m: dict, text: str, index: int, node: NodeView, store: dict) -> dict:
 
 
 _ASKED: dict[tuple, object] = {}  # a [data] node's side of the asks, per run
+
+
+def _evaluate(m: dict, text: str, index: int, node: NodeView, store: dict) -> dict:
+    """A ``[data]`` node's held-out points under the draws the server sent
+    (:func:`fedmcmc.app.outputs.evaluate` on its own held-out part, the model in the target's units):
+    what ``posterior.nc``'s ``log_likelihood`` group and ``summary.json``'s metrics need of it."""
+    from fedmcmc.app import outputs
+
+    _, inputs, nodes, _, _ = lib()
+    if "inputs" not in store:
+        raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
+    cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
+    _, test, _ = nodes.node_local(text, index, node)
+    model = inputs.in_target_units(inputs.model_from_config(cfg, info, nodes.base_dir(node)), info)
+    got = outputs.evaluate(model, m["draws"][0], inputs.held_out_part(test, info), info.task)
+    return {name: [value] for name, value in got.items()}
 
 
 def _exact(cfg: dict) -> bool:
