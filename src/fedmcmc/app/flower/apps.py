@@ -170,7 +170,7 @@ def _evaluate(transport: GridTransport, runtime, res) -> tuple[list | None, dict
     from fedmcmc.runtime import io
 
     built = runtime.built
-    if (built.inputs is None or "data" not in runtime.cfg or runtime.cfg["data"].get("test_fraction", 0.2) == 0
+    if (built.inputs is None or not any(c["n_test"] for c in built.inputs.clients)
             or privacy.draws_only(built.privacy)):
         return None, None
     draws = io.stored_draws(res, built.settings.run.max_stored_draws)

@@ -43,6 +43,15 @@ class NodeView(NamedTuple):
 _RUNTIMES: dict[tuple, object] = {}
 
 
+def _inputs(text: str, index: int, store: dict):
+    """``(config, Inputs)`` of a ``[data]`` run on this node: its parsed config and the run's
+    inputs the server sent (the ``nodes`` message), which every message after ``hello`` needs."""
+    nodes = lib()[2]
+    if "inputs" not in store:
+        raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
+    return nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
+
+
 def _runtime(text: str, index: int, node: NodeView, store: dict, programs):
     """The node's ``ClientRuntime``: built from the config (a ``[problem]``), or from the run's
     ``Inputs`` the server sent (the ``nodes`` message) and the node's own data (a ``[data]`` run);
@@ -53,15 +62,13 @@ def _runtime(text: str, index: int, node: NodeView, store: dict, programs):
         if key not in _RUNTIMES:
             _RUNTIMES[key] = client.ClientRuntime(text, index, config_lib.from_text, programs=programs)
         return _RUNTIMES[key]
-    if "inputs" not in store:
-        raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
+    cfg, info = _inputs(text, index, store)
     if "known" not in store:
         raise RuntimeError(f"client {index} has not received the server's results (the mode, the step) before its "
                            "rounds")
     key = (client.config_hash(text), index, store["inputs"], store["known"])
     if key not in _RUNTIMES:
         train, _, _ = nodes.node_local(text, index, node)
-        cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
         built = nodes.build_from_inputs(cfg, info, nodes.base_dir(node), known=store["known"])
         _RUNTIMES[key] = client.ClientRuntime(text, index, lambda _: (cfg, built),
                                               lambda i: nodes.own_data(train, i, info),
@@ -109,9 +116,7 @@ def _ask(m: dict, text: str, index: int, node: NodeView, store: dict) -> dict:
     from fedmcmc.app.flower import asks
 
     _, inputs, nodes, client, _ = lib()
-    if "inputs" not in store:
-        raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
-    cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
+    cfg, info = _inputs(text, index, store)
     key = (client.config_hash(text), index, store["inputs"])
     if key not in _ASKED:
         train, _, _ = nodes.node_local(text, index, node)
@@ -132,9 +137,7 @@ def _evaluate(m: dict, text: str, index: int, node: NodeView, store: dict) -> di
     from fedmcmc.app import outputs
 
     _, inputs, nodes, _, _ = lib()
-    if "inputs" not in store:
-        raise RuntimeError(f"client {index} has not received the run's inputs (the server sends them after hello)")
-    cfg, info = nodes.parsed(text), nodes.inputs_from_json(store["inputs"])
+    cfg, info = _inputs(text, index, store)
     _, test, _ = nodes.node_local(text, index, node)
     model = inputs.in_target_units(inputs.model_from_config(cfg, info, nodes.base_dir(node)), info)
     got = outputs.evaluate(model, m["draws"][0], inputs.held_out_part(test, info), info.task)
