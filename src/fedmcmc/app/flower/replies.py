@@ -62,12 +62,12 @@ def _runtime(text: str, index: int, node: NodeView, store: dict, programs):
         if key not in _RUNTIMES:
             _RUNTIMES[key] = client.ClientRuntime(text, index, config_lib.from_text, programs=programs)
         return _RUNTIMES[key]
-    cfg, info = _inputs(text, index, store)
-    if "known" not in store:
-        raise RuntimeError(f"client {index} has not received the server's results (the mode, the step) before its "
-                           "rounds")
-    key = (client.config_hash(text), index, store["inputs"], store["known"])
-    if key not in _RUNTIMES:
+    key = (client.config_hash(text), index, store.get("inputs"), store.get("known"))
+    if key not in _RUNTIMES:  # parsed once per run: every round message comes here
+        cfg, info = _inputs(text, index, store)
+        if "known" not in store:
+            raise RuntimeError(f"client {index} has not received the server's results (the mode, the step) before "
+                               "its rounds")
         train, _, _ = nodes.node_local(text, index, node)
         built = nodes.build_from_inputs(cfg, info, nodes.base_dir(node), known=store["known"])
         _RUNTIMES[key] = client.ClientRuntime(text, index, lambda _: (cfg, built),
